@@ -1,0 +1,77 @@
+"""The module objects ``install()`` registers under ``determined.*``."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from det_tasks import launch, pytorch
+from det_tasks.compat import _module
+from det_tasks.distributed import DistributedContext
+from det_tasks.pytorch import samplers
+from det_tasks.pytorch._units import Batch, Epoch
+
+__all__ = ["InvalidHP", "TorchWriter", "build"]
+
+
+class InvalidHP(Exception):
+    """Raised by a trial to reject its hyperparameters (the searcher then drops the trial)."""
+
+
+class TorchWriter:
+    """``determined.tensorboard.metric_writers.pytorch.TorchWriter``: a SummaryWriter."""
+
+    def __init__(self, log_dir: str = "runs/tensorboard") -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError("TorchWriter needs the tensorboard package: pip install tensorboard") from None
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+
+def _core_init(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(
+        "determined.core.init() (the Core API) is not supported by det_tasks: write the "
+        "training as a PyTorchTrial and run it with det.pytorch.init() + Trainer, or "
+        "`det-tasks run CONFIG`"
+    )
+
+
+def build() -> dict[str, types.ModuleType]:
+    det_pytorch = _module(
+        "determined.pytorch", pytorch.__doc__ or "",
+        **{name: getattr(pytorch, name) for name in pytorch.__all__},
+    )
+    det_pytorch.samplers = _module(  # type: ignore[attr-defined]
+        "determined.pytorch.samplers", samplers.__doc__ or "",
+        **{name: getattr(samplers, name) for name in samplers.__all__},
+    )
+    core = _module("determined.core", "Core API subset", DistributedContext=DistributedContext,
+                   init=_core_init)
+    writers_pytorch = _module("determined.tensorboard.metric_writers.pytorch", "",
+                              TorchWriter=TorchWriter)
+    writers = _module("determined.tensorboard.metric_writers", "", pytorch=writers_pytorch)
+    tensorboard = _module("determined.tensorboard", "", metric_writers=writers)
+    det = _module(
+        "determined",
+        "det_tasks' implementation of the determined package API",
+        pytorch=det_pytorch,
+        core=core,
+        tensorboard=tensorboard,
+        TrialContext=pytorch.PyTorchTrialContext,
+        InvalidHP=InvalidHP,
+        get_cluster_info=launch.get_cluster_info,
+        ClusterInfo=launch.ClusterInfo,
+        Batches=Batch,
+        Epochs=Epoch,
+        __version__="0.38.1+det_tasks",
+    )
+    return {
+        "determined": det,
+        "determined.pytorch": det_pytorch,
+        "determined.pytorch.samplers": det_pytorch.samplers,  # type: ignore[attr-defined]
+        "determined.core": core,
+        "determined.tensorboard": tensorboard,
+        "determined.tensorboard.metric_writers": writers,
+        "determined.tensorboard.metric_writers.pytorch": writers_pytorch,
+    }

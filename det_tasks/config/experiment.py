@@ -1,0 +1,240 @@
+"""The typed experiment config: Determined's YAML fields, validated once at the boundary.
+
+Every model forbids unknown keys, so a typo fails before training with the field's path;
+``det_tasks.config.loader`` turns pydantic's errors into messages that name the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
+
+__all__ = [
+    "CheckpointStorageConfig",
+    "DirectoryStorage",
+    "ExperimentConfig",
+    "Length",
+    "OptimizationsConfig",
+    "ProfilingConfig",
+    "ReproducibilityConfig",
+    "ResourcesConfig",
+    "S3Storage",
+    "SearcherConfig",
+    "SharedFSStorage",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Length(_Strict):
+    """A training length in exactly one unit: ``{batches: N}``, ``{epochs: N}`` or ``{records: N}``."""
+
+    batches: int | None = Field(default=None, ge=1)
+    epochs: int | None = Field(default=None, ge=1)
+    records: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Length:
+        given = [u for u in ("batches", "epochs", "records") if getattr(self, u) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of batches, epochs or records, e.g. {batches: 1000}; "
+                f"got {given or 'none'}"
+            )
+        return self
+
+    @property
+    def unit(self) -> str:
+        return next(u for u in ("batches", "epochs", "records") if getattr(self, u) is not None)
+
+    @property
+    def value(self) -> int:
+        return int(getattr(self, self.unit))
+
+
+class SearcherConfig(_Strict):
+    name: Literal["single", "grid", "random", "adaptive_asha", "custom"]
+    metric: str
+    smaller_is_better: bool = True
+    max_length: Length | None = None
+    max_trials: int | None = Field(default=None, ge=1)
+    max_concurrent_trials: int = Field(default=16, ge=0)
+    # adaptive_asha
+    time_metric: str | None = None
+    max_time: int | None = Field(default=None, ge=1)
+    mode: Literal["aggressive", "standard", "conservative"] = "standard"
+    divisor: float = Field(default=4.0, gt=1)
+    max_rungs: int = Field(default=5, ge=1)
+    bracket_rungs: list[int] | None = None
+    stop_once: bool = False
+    # deprecated: legacy step counts (a step is `scheduling_unit` batches)
+    max_steps: int | None = Field(default=None, ge=1)
+    source_trial_id: int | None = None
+    source_checkpoint_uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_length(self) -> SearcherConfig:
+        if self.max_length is not None and self.max_steps is not None:
+            raise ValueError("give max_length or the deprecated max_steps, not both")
+        if self.name in ("random", "adaptive_asha") and self.max_trials is None:
+            raise ValueError(f"the {self.name} searcher needs max_trials, e.g. max_trials: 16")
+        if self.name == "adaptive_asha" and (self.time_metric is None) != (self.max_time is None):
+            raise ValueError("adaptive_asha needs both time_metric and max_time, or neither")
+        return self
+
+
+class SharedFSStorage(_Strict):
+    type: Literal["shared_fs"]
+    host_path: str
+    storage_path: str | None = None
+    container_path: str | None = None
+    propagation: str | None = None
+    save_experiment_best: int = Field(default=0, ge=0)
+    save_trial_best: int = Field(default=1, ge=0)
+    save_trial_latest: int = Field(default=1, ge=0)
+
+
+class DirectoryStorage(_Strict):
+    type: Literal["directory"]
+    container_path: str
+    save_experiment_best: int = Field(default=0, ge=0)
+    save_trial_best: int = Field(default=1, ge=0)
+    save_trial_latest: int = Field(default=1, ge=0)
+
+
+class S3Storage(_Strict):
+    type: Literal["s3"]
+    bucket: str = Field(min_length=3)
+    prefix: str | None = None
+    endpoint_url: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    save_experiment_best: int = Field(default=0, ge=0)
+    save_trial_best: int = Field(default=1, ge=0)
+    save_trial_latest: int = Field(default=1, ge=0)
+
+
+CheckpointStorageConfig = Annotated[
+    SharedFSStorage | DirectoryStorage | S3Storage, Field(discriminator="type")
+]
+
+
+class OptimizationsConfig(_Strict):
+    aggregation_frequency: int = Field(default=1, ge=1)
+    average_aggregated_gradients: bool = True
+    average_training_metrics: bool = True
+    gradient_compression: bool = False
+    grad_updates_size_file: str | None = None
+    mixed_precision: str | None = None
+    tensor_fusion_threshold: int | None = None
+    tensor_fusion_cycle_time: int | None = None
+    auto_tune_tensor_fusion: bool | None = None
+
+
+class ResourcesConfig(_Strict):
+    slots_per_trial: int = Field(default=1, ge=1)
+    distributed_backend: Literal["auto", "horovod", "torch"] = "auto"
+    max_slots: int | None = None
+    priority: int | None = None
+    weight: float | None = None
+    resource_pool: str | None = None
+    shm_size: int | str | None = None
+
+
+class ReproducibilityConfig(_Strict):
+    experiment_seed: int = Field(default=0, ge=0, lt=2**31)
+
+
+class ProfilingConfig(_Strict):
+    enabled: bool = False
+    begin_on_batch: int = Field(default=0, ge=0)
+    end_after_batch: int | None = Field(default=None, ge=0)
+    sync_timings: bool = True
+
+
+class ExperimentConfig(_Strict):
+    """One experiment, as the user's YAML describes it (Determined 0.38 fields)."""
+
+    name: str | None = None
+    description: str | None = None
+    labels: list[str] = Field(default_factory=list)
+    workspace: str | None = None
+    project: str | None = None
+    entrypoint: str | list[str]
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    searcher: SearcherConfig
+    records_per_epoch: int | None = Field(default=None, ge=1)
+    scheduling_unit: int = Field(default=100, ge=1)
+    min_validation_period: Length | None = None
+    min_checkpoint_period: Length | None = None
+    checkpoint_policy: Literal["best", "all", "none"] = "best"
+    perform_initial_validation: bool = False
+    checkpoint_storage: CheckpointStorageConfig | None = None
+    optimizations: OptimizationsConfig = Field(default_factory=OptimizationsConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    max_restarts: int = Field(default=5, ge=0)
+    reproducibility: ReproducibilityConfig = Field(default_factory=ReproducibilityConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+    data: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    bind_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    debug: bool = False
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _parse_hparams(cls, raw: Any) -> dict[str, Any]:
+        return parse_hyperparameters(raw if raw is not None else {})
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str | list[str]) -> str | list[str]:
+        text = value if isinstance(value, str) else " ".join(value)
+        if not text.strip():
+            raise ValueError("entrypoint is empty: use `model_def:TrialClass` or `python3 train.py`")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        if self.is_trial_class_entrypoint and "global_batch_size" not in self.hyperparameters:
+            raise ValueError(
+                "hyperparameters.global_batch_size is missing: PyTorchTrial needs it to size "
+                "each slot's batches; add e.g. `global_batch_size: 64` under hyperparameters"
+            )
+        gbs = self.hyperparameters.get("global_batch_size")
+        if isinstance(gbs, ConstHP) and not (isinstance(gbs.val, int) and gbs.val >= 1):
+            raise ValueError(
+                f"hyperparameters.global_batch_size must be a positive integer, got {gbs.val!r}"
+            )
+        if self.searcher.max_length is None and self.searcher.max_steps is None:
+            if self.searcher.name != "adaptive_asha" or self.searcher.max_time is None:
+                raise ValueError(
+                    "searcher.max_length is missing: say how long to train, "
+                    "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
+                )
+        return self
+
+    @property
+    def is_trial_class_entrypoint(self) -> bool:
+        """True for ``module:TrialClass``; False for a command such as ``python3 train.py``."""
+        if not isinstance(self.entrypoint, str):
+            return False
+        text = self.entrypoint.strip()
+        return " " not in text and ":" in text
+
+    @property
+    def max_length(self) -> Length:
+        """The searcher's length, with the deprecated ``max_steps`` translated to batches."""
+        if self.searcher.max_length is not None:
+            return self.searcher.max_length
+        if self.searcher.max_steps is not None:
+            return Length(batches=self.searcher.max_steps * self.scheduling_unit)
+        assert self.searcher.max_time is not None
+        unit = self.searcher.time_metric or "batches"
+        if unit not in ("batches", "epochs", "records"):
+            raise ValueError(f"searcher.time_metric {unit!r} is not a training length unit")
+        return Length(**{unit: self.searcher.max_time})

@@ -1,0 +1,224 @@
+"""Reading experiment YAML safely and turning validation failures into one-paragraph errors.
+
+YAML is parsed with a size cap and an alias cap (alias bombs expand exponentially when a
+validator walks them); deprecated fields are translated with a warning; pydantic errors
+are rewritten to name the field, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.errors import ConfigError
+
+__all__ = ["apply_overrides", "load_config", "parse_config", "parse_yaml_text"]
+
+MAX_CONFIG_BYTES = 1_000_000
+MAX_ALIASES = 100
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses documents using more than MAX_ALIASES aliases."""
+
+    alias_count = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            self.alias_count += 1
+            if self.alias_count > MAX_ALIASES:
+                raise ConfigError(
+                    f"the config uses more than {MAX_ALIASES} YAML aliases (*name); "
+                    "write the values out instead of referencing anchors"
+                )
+        return super().compose_node(parent, index)
+
+
+def parse_yaml_text(text: str, source: str) -> Any:
+    """Parse one YAML document; malformed input becomes a ConfigError naming the line."""
+    if len(text.encode("utf-8", "replace")) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES} bytes; is this a config?")
+    try:
+        return yaml.load(text, Loader=_GuardedLoader)  # noqa: S506 - SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: YAML nested too deeply") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment config file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
+    raw = parse_yaml_text(text, str(path))
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    return parse_config(raw, source=str(path))
+
+
+def apply_overrides(raw: Any, overrides: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML) to a raw config."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping before overrides can be applied")
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = parse_yaml_text(value, f"override {item!r}")
+    return out
+
+
+def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
+    """Validate a raw mapping into an ExperimentConfig, or raise one clear ConfigError."""
+    if not isinstance(raw, dict):
+        kind = "empty" if raw is None else f"a {type(raw).__name__}"
+        raise ConfigError(f"{source}: an experiment config must be a mapping, got {kind}")
+    raw = _translate_deprecated(copy.deepcopy(raw), source)
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, raw, source)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+
+
+def _warn(source: str, message: str) -> None:
+    warnings.warn(f"{source}: {message}", DeprecationWarning, stacklevel=3)
+
+
+def _translate_deprecated(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    if "batches_per_step" in raw:
+        _warn(source, "batches_per_step is deprecated; it is read as scheduling_unit")
+        raw.setdefault("scheduling_unit", raw.pop("batches_per_step"))
+    unit = raw.get("scheduling_unit", 100)
+    for field in ("min_validation_period", "min_checkpoint_period"):
+        period = raw.get(field)
+        if isinstance(period, dict) and "steps" in period and isinstance(unit, int):
+            _warn(source, f"{field}.steps is deprecated; use {{batches: N}} ({unit} per step)")
+            steps = period.pop("steps")
+            if isinstance(steps, int):
+                period["batches"] = steps * unit
+            else:
+                period["batches"] = steps
+    searcher = raw.get("searcher")
+    if isinstance(searcher, dict):
+        if "max_steps" in searcher:
+            _warn(source, "searcher.max_steps is deprecated; use max_length: {batches: N}")
+        name = searcher.get("name")
+        if name in ("adaptive", "adaptive_simple", "pbt", "sync_halving", "async_halving"):
+            raise ConfigError(
+                f"{source}: searcher.name {name!r} was removed from Determined and is not "
+                "supported; use `adaptive_asha` (or grid/random)"
+            )
+    optimizations = raw.get("optimizations")
+    if isinstance(optimizations, dict) and optimizations.get("mixed_precision") not in (None, "O0"):
+        _warn(
+            source,
+            "optimizations.mixed_precision is deprecated and has no effect; call "
+            "context.wrap_scaler(torch.amp.GradScaler()) or context.experimental.use_amp() "
+            "in the trial instead",
+        )
+    return raw
+
+
+def _describe(err: ValidationError, raw: dict[str, Any], source: str) -> str:
+    lines = []
+    for item in err.errors()[:5]:
+        loc = [p for p in item["loc"] if not _is_union_tag(p)]
+        path = ".".join(str(p) for p in loc) or "(top level)"
+        kind = item["type"]
+        value = _lookup(raw, loc)
+        if kind == "extra_forbidden":
+            fix = _suggest(loc, raw)
+            lines.append(f"unknown field `{path}`{fix}")
+        elif kind == "missing":
+            lines.append(f"required field `{path}` is missing")
+        elif not loc:
+            lines.append(item["msg"].removeprefix("Value error, "))
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            if msg.startswith("`"):
+                lines.append(msg)
+                continue
+            if kind == "literal_error" and isinstance(value, str):
+                options = re.findall(r"'([^']*)'", str(item.get("ctx", {}).get("expected", "")))
+                close = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+                msg += f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"`{path}` = {_short(value)} is invalid: {msg}")
+    more = len(err.errors()) - 5
+    tail = f" (and {more} more)" if more > 0 else ""
+    return f"{source}: " + "; ".join(lines) + tail
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and part in {"shared_fs", "directory", "s3"} | {
+        "const",
+        "int",
+        "double",
+        "log",
+        "categorical",
+    }
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _lookup(raw: Any, loc: list[Any]) -> Any:
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def _suggest(loc: list[Any], raw: dict[str, Any]) -> str:
+    models: list[type[BaseModel]] = [ExperimentConfig]
+    for part in loc[:-1]:
+        fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]
+        models = [m for f in fields for m in _models_of(f.annotation)]
+    names = list(dict.fromkeys(n for m in models for n in m.model_fields))
+    if not names:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{close[0]}`?"
+    return f"; allowed fields here: {', '.join(names)}"
+
+
+def _models_of(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) or () for m in _models_of(arg)]

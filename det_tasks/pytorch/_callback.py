@@ -1,0 +1,78 @@
+"""``PyTorchCallback``: user code that runs at fixed points of a trial's life.
+
+The harness calls hooks in Determined's order (see ``_loop.py``); under distributed
+training every rank runs them, except the chief-only ones noted below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["PyTorchCallback"]
+
+
+class PyTorchCallback:
+    """Override any hook; stateful callbacks also override state_dict/load_state_dict."""
+
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
+        """Before training or validation; ``first_batch_idx`` > 0 when resuming."""
+
+    def on_trial_shutdown(self) -> None:
+        """After the trial ends, even when it raised."""
+
+    def on_training_start(self) -> None:
+        """Once, before the first training batch of this run."""
+
+    def on_training_epoch_start(self, epoch_idx: int) -> None:
+        """Before the first batch of every training epoch."""
+
+    def on_training_epoch_end(self, epoch_idx: int) -> None:
+        """After the last batch of every training epoch."""
+
+    def on_training_workload_end(
+        self, avg_metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        """At every reporting boundary, with that period's training metrics."""
+
+    def on_validation_start(self) -> None:
+        """Before every validation."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Before the first validation batch (evaluate_batch trials only)."""
+
+    def on_validation_epoch_end(self, outputs: list[Any]) -> None:
+        """After the last validation batch, with every batch's metrics."""
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        """After every validation, with the reduced metrics (all ranks receive them)."""
+
+    def on_validation_step_start(self) -> None:
+        """Deprecated: use on_validation_start."""
+
+    def on_validation_step_end(self, metrics: dict[str, Any]) -> None:
+        """Deprecated: use on_validation_end."""
+
+    def on_checkpoint_load_start(self, checkpoint: dict[str, Any]) -> None:
+        """Before state is restored, with the loaded ``state_dict.pth`` contents."""
+
+    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
+        """Before ``state_dict.pth`` is written; may add entries to ``checkpoint``."""
+
+    def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+        """Deprecated alias of on_checkpoint_write_end (chief only)."""
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        """After every file of a checkpoint is written, before it is published (chief only)."""
+
+    def on_checkpoint_upload_end(self, uuid: str) -> None:
+        """After a checkpoint is published to storage (chief only)."""
+
+    def on_before_optimizer_step(self, parameters: Iterator[Any]) -> None:
+        """Deprecated: pass clip_grads to context.step_optimizer instead."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what state_dict() returned."""

@@ -1,0 +1,185 @@
+"""Batches and devices: ``TorchData``, ``to_device``, ``data_length`` and ``DataLoader``.
+
+``DataLoader`` records torch DataLoader arguments; the harness builds the real loader with
+a batch sampler that it controls, so resuming skips batches instead of replaying them and
+every rank reads its own shard.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from det_tasks.pytorch import samplers
+
+__all__ = ["DataLoader", "TorchData", "data_length", "to_device"]
+
+TorchData = Union[dict[str, torch.Tensor], Sequence[torch.Tensor], torch.Tensor]
+
+
+def to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
+    """Move every tensor (numpy arrays become tensors) inside nested containers to ``device``."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, np.ndarray):
+        return torch.from_numpy(data).to(device, non_blocking=non_blocking)
+    if isinstance(data, dict):
+        return type(data)({k: to_device(v, device, non_blocking) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(to_device(v, device, non_blocking) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(to_device(v, device, non_blocking) for v in data)
+    return data
+
+
+def data_length(data: Any) -> int:
+    """The batch size of a batch: the length of its first tensor or array."""
+    if isinstance(data, torch.Tensor | np.ndarray):
+        return int(data.shape[0]) if data.ndim else 1
+    if isinstance(data, dict):
+        return data_length(next(iter(data.values()))) if data else 0
+    if isinstance(data, list | tuple):
+        return data_length(data[0]) if data else 0
+    if isinstance(data, collections.abc.Sized):
+        return len(data)
+    raise TypeError(
+        f"cannot tell the batch length of a {type(data).__name__}; override "
+        "PyTorchTrial.get_batch_length(batch) to return it"
+    )
+
+
+class DataLoader:
+    """Drop-in for ``torch.utils.data.DataLoader`` over map-style datasets.
+
+    The harness replaces shuffling and sampling with a resumable, shardable batch
+    sampler (seeded per trial and epoch), so the same seed gives the same batches.
+    """
+
+    def __init__(
+        self,
+        dataset: torch.utils.data.Dataset,
+        batch_size: int | None = 1,
+        shuffle: bool = False,
+        sampler: torch.utils.data.Sampler | None = None,
+        batch_sampler: torch.utils.data.BatchSampler | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+    ) -> None:
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError(
+                "det_tasks.pytorch.DataLoader needs a map-style dataset (with __getitem__ and "
+                "__len__) so training can resume mid-epoch; for an IterableDataset return a "
+                "plain torch.utils.data.DataLoader from build_training_data_loader()"
+            )
+        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler or drop_last):
+            raise ValueError(
+                "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and "
+                "drop_last (as in torch.utils.data.DataLoader)"
+            )
+        if sampler is not None and shuffle:
+            raise ValueError("sampler is mutually exclusive with shuffle")
+        if batch_sampler is None and (batch_size is None or batch_size < 1):
+            raise ValueError(f"DataLoader batch_size must be >= 1, got {batch_size!r}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.num_workers = num_workers
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        self.drop_last = drop_last
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers
+
+    def __len__(self) -> int:
+        """Batches per epoch on one process."""
+        return len(self.make_batch_sampler(seed=0, rank=0, size=1))
+
+    def make_batch_sampler(
+        self, seed: int, rank: int, size: int, repeat: bool = False, skip: int = 0
+    ) -> torch.utils.data.Sampler:
+        """The batch sampler the harness iterates: seeded, sharded, repeating, skipping.
+
+        ``skip`` counts batches already trained. With a sampler that knows epochs (ours,
+        or any with ``set_epoch``) whole epochs are jumped over, not replayed.
+        """
+        sampler: Any = None
+        if self.batch_sampler is not None:
+            batch_sampler: Any = self.batch_sampler
+        else:
+            if self.sampler is not None:
+                sampler = self.sampler
+            elif self.shuffle:
+                sampler = samplers.ReproducibleShuffleSampler(self.dataset, seed)
+            else:
+                sampler = torch.utils.data.SequentialSampler(self.dataset)
+            assert self.batch_size is not None
+            batch_sampler = torch.utils.data.BatchSampler(
+                sampler, self.batch_size, drop_last=self.drop_last
+            )
+        epoch_len = len(batch_sampler)
+        if skip and epoch_len and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(skip // epoch_len)
+            skip %= epoch_len
+        if size > 1:
+            batch_sampler = samplers.DistributedBatchSampler(batch_sampler, size, rank)
+        if repeat:
+            batch_sampler = samplers.RepeatBatchSampler(batch_sampler)
+        if skip:
+            batch_sampler = samplers.SkipBatchSampler(batch_sampler, skip)
+        return batch_sampler
+
+    def get_data_loader(
+        self,
+        seed: int = 0,
+        rank: int = 0,
+        size: int = 1,
+        repeat: bool = False,
+        skip: int = 0,
+    ) -> torch.utils.data.DataLoader:
+        """A torch DataLoader over this loader's batches (what the harness iterates)."""
+        generator = self.generator or torch.Generator().manual_seed(seed)
+        return torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=self.make_batch_sampler(seed, rank, size, repeat, skip),
+            num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
+            pin_memory=self.pin_memory,
+            timeout=self.timeout,
+            worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context,
+            generator=generator,
+            prefetch_factor=self.prefetch_factor,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+        )
+
+    def supports_fast_gather(self) -> bool:
+        """True when a whole batch can be gathered with one index op per tensor.
+
+        That holds for a ``TensorDataset`` with the default collate: ``t[indices]`` equals
+        stacking ``t[i]`` for each i, bit for bit, without per-sample Python work.
+        """
+        return (
+            isinstance(self.dataset, torch.utils.data.TensorDataset)
+            and self.collate_fn is None
+            and self.num_workers == 0
+        )

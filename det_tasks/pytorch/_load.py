@@ -1,0 +1,126 @@
+"""``load_trial_from_checkpoint_path``: a trained trial back from a checkpoint, for inference.
+
+Works on our checkpoints and on Determined's (same layout); loading is weights_only
+unless the caller overrides it, and our checkpoints are checksum-verified first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from det_tasks.errors import CheckpointError
+from det_tasks.pytorch import _checkpoint as ckpt
+from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
+from det_tasks.uris import open_checkpoint_uri
+
+__all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
+
+
+class CheckpointLoadContext(PyTorchTrialContext):
+    """The context a trial gets when rebuilt from a checkpoint: no training loop behind it."""
+
+    def __init__(self, settings: TrialSettings) -> None:
+        super().__init__(dataclasses.replace(settings, managed_training=False))
+
+
+def load_trial_from_checkpoint_path(
+    path: str | Path,
+    trial_class: type | None = None,
+    trial_kwargs: dict[str, Any] | None = None,
+    torch_load_kwargs: dict[str, Any] | None = None,
+    hparams: dict[str, Any] | None = None,
+) -> Any:
+    """Rebuild the trial (models restored, in eval mode) from a checkpoint directory or URI.
+
+    ``trial_class`` defaults to the class recorded in ``load_data.json``, imported from the
+    checkpoint's ``code/``; ``hparams`` default to the ones the checkpoint was trained with.
+    """
+    from det_tasks import compat
+
+    compat.install()
+    with open_checkpoint_uri(str(path)) as directory:
+        ckpt.verify(directory)
+        load_data = _read_load_data(directory)
+        state = ckpt.read_state(directory, torch_load_kwargs)
+        if trial_class is None:
+            trial_class = _import_trial_class(directory, load_data)
+        device = _device_of(torch_load_kwargs)
+        settings = TrialSettings(
+            hparams=dict(hparams if hparams is not None else load_data.get("hparams") or {}),
+            exp_conf=load_data.get("experiment_config"),
+            device=str(device),
+        )
+        context = CheckpointLoadContext(settings)
+        trial = trial_class(context, **(trial_kwargs or {}))
+        from det_tasks.pytorch._loop import load_state
+
+        rng_free = {k: v for k, v in state.items() if k != "rng_state"}
+        load_state(context, {}, rng_free)
+        for model in context.models:
+            model.eval()
+        return trial
+
+
+def _read_load_data(directory: Path) -> dict[str, Any]:
+    path = directory / ckpt.LOAD_DATA_FILE
+    if not path.exists():
+        return {}
+    data = ckpt.read_json(path)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(path)!r} does not hold a JSON object")
+    return data
+
+
+def _device_of(torch_load_kwargs: dict[str, Any] | None) -> torch.device:
+    location = (torch_load_kwargs or {}).get("map_location", "cpu")
+    if isinstance(location, str | torch.device):
+        return torch.device(location)
+    return torch.device("cpu")
+
+
+def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
+    spec = load_data.get("trial_cls_spec")
+    if not spec or ":" not in spec:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} does not record its trial class "
+            "(load_data.json has no trial_cls_spec); pass trial_class=YourTrial"
+        )
+    module_name, _, qualname = spec.partition(":")
+    code = directory / "code"
+    with _on_sys_path(code if code.is_dir() else None):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise CheckpointError(
+                f"cannot import trial module {module_name!r} recorded in the checkpoint: "
+                f"{err}; pass trial_class=YourTrial"
+            ) from None
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise CheckpointError(
+                f"module {module_name!r} has no {qualname!r}; pass trial_class=YourTrial"
+            )
+    return obj  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _on_sys_path(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    sys.path.insert(0, str(path))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(path))

@@ -1,0 +1,490 @@
+"""The training loop: one trial, from its latest checkpoint to max_length.
+
+Read ``run`` top to bottom: restore, then ``while`` not done: train a batch, then report,
+validate and checkpoint at their boundaries. Everything per batch is O(1) Python work:
+metrics stay on the device until a reporting boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from det_tasks import __version__
+from det_tasks.errors import CheckpointError, TrialError
+from det_tasks.pytorch import _checkpoint as ckpt
+from det_tasks.pytorch import _parallel
+from det_tasks.pytorch._callback import PyTorchCallback
+from det_tasks.pytorch._context import PyTorchTrialContext
+from det_tasks.pytorch._data import DataLoader
+from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
+from det_tasks.pytorch._lr_scheduler import LRScheduler
+from det_tasks.pytorch._metrics import TrainingMetricsBuffer, check_metrics
+from det_tasks.pytorch._profiler import PhaseTimer, ProfilerSettings
+from det_tasks.pytorch._units import Batch, TrainUnit
+from det_tasks.pytorch._validation import validate
+from det_tasks.sinks import MetricsSink
+from det_tasks.storage import CheckpointStore
+
+__all__ = ["FitOptions", "TrialController"]
+
+log = logging.getLogger(__name__)
+_TRIAL_STATE = "trial_state"
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """Trainer.fit's arguments, resolved and checked."""
+
+    max_length: TrainUnit
+    checkpoint_period: TrainUnit | None = None
+    validation_period: TrainUnit | None = None
+    reporting_period: TrainUnit = Batch(100)
+    checkpoint_policy: str = "best"
+    latest_checkpoint: str | None = None
+    step_zero_validation: bool = False
+    test_mode: bool = False
+    searcher_metric: str | None = None
+    smaller_is_better: bool = True
+    profiling: ProfilerSettings | None = None
+
+
+class TrialController:
+    """Runs one trial under one context; holds the loop's position and best metric."""
+
+    def __init__(
+        self,
+        trial: Any,
+        context: PyTorchTrialContext,
+        options: FitOptions,
+        sink: MetricsSink,
+        store: CheckpointStore,
+    ) -> None:
+        self.trial = trial
+        self.context = context
+        self.options = options
+        self.sink = sink
+        self.store = store
+        self.dist = context.distributed
+        self.callbacks: dict[str, PyTorchCallback] = _check_callbacks(trial.build_callbacks())
+        self.batches_trained = 0
+        self.best_metric: float | None = None
+        self.last_validation_batch: int | None = None
+        self.last_checkpoint_batch: int | None = None
+        self.latest_checkpoint_uuid: str | None = options.latest_checkpoint
+        self.latest_validation: dict[str, Any] | None = None
+        self._buffer = TrainingMetricsBuffer()
+        self._timer = PhaseTimer(options.profiling, context.device)
+        if not context.models:
+            raise TrialError(
+                f"{type(trial).__name__}.__init__ wrapped no model: wrap every model with "
+                "self.context.wrap_model(model) so it is moved to the device and checkpointed"
+            )
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        self._restore(self.options.latest_checkpoint)
+        self._build_data()
+        first_batch = self.batches_trained
+        for cb in self.callbacks.values():
+            cb.on_trial_startup(first_batch, self.latest_checkpoint_uuid)
+        try:
+            self._train()
+        finally:
+            self._close_data()
+            for cb in self.callbacks.values():
+                cb.on_trial_shutdown()
+
+    def _train(self) -> None:
+        for cb in self.callbacks.values():
+            cb.on_training_start()
+        if self.options.step_zero_validation and self.batches_trained == 0:
+            self._validate()
+        self._install_before_step_hooks()
+        for model in self.context.models:
+            model.train()
+        profiler = self.context.profiler
+        with profiler if profiler is not None else contextlib.nullcontext():
+            while self.batches_trained < self.max_batches:
+                self._train_batch()
+                if profiler is not None:
+                    profiler.step()
+                self._at_boundaries()
+                if self.context.get_stop_requested():
+                    break
+        self._finish()
+
+    def _train_batch(self) -> None:
+        ctx, idx = self.context, self.batches_trained
+        ctx._current_batch_idx = idx
+        epoch_idx = idx // self.epoch_len
+        with self._timer.phase(idx, "dataloader_next"):
+            batch = next(self._train_iter)
+        if idx % self.epoch_len == 0:
+            for cb in self.callbacks.values():
+                cb.on_training_epoch_start(epoch_idx)
+        stepping = ctx._should_communicate_and_update()
+        with self._timer.phase(idx, "train_batch"), _parallel.no_sync(
+            ctx.models, active=self.dist.size > 1 and not stepping
+        ):
+            metrics = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=idx)
+        if stepping and ctx.experimental._auto_amp and ctx._scaler is not None:
+            ctx._scaler.update()
+        metrics = check_metrics(metrics, "train_batch")
+        if stepping:
+            for scheduler in ctx.lr_schedulers:
+                self._step_scheduler(scheduler, idx)
+        self._buffer.add(metrics, self.trial.get_batch_length(batch))
+        self.batches_trained = idx + 1
+        if self.batches_trained % self.epoch_len == 0:
+            for cb in self.callbacks.values():
+                cb.on_training_epoch_end(epoch_idx)
+
+    def _step_scheduler(self, scheduler: LRScheduler, idx: int) -> None:
+        mode, freq = scheduler._step_mode, scheduler._frequency
+        agg = self.context._settings.aggregation_frequency
+        if mode is LRScheduler.StepMode.STEP_EVERY_BATCH:
+            for i in range(idx - agg + 1, idx + 1):
+                if (i + 1) % freq == 0:
+                    scheduler.step()
+        elif mode is LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP:
+            if ((idx + 1) // agg) % freq == 0:
+                scheduler.step()
+        elif mode is LRScheduler.StepMode.STEP_EVERY_EPOCH:
+            # Step for every epoch that ends before the next optimizer step.
+            for epoch in range(idx // self.epoch_len, (idx + agg) // self.epoch_len):
+                if (epoch + 1) % freq == 0:
+                    scheduler.step()
+
+    def _at_boundaries(self) -> None:
+        done, opts, n = self.batches_trained, self.options, self.epoch_len
+        validate_due = opts.validation_period is not None and opts.validation_period.is_due(done, n)
+        checkpoint_due = (
+            opts.checkpoint_period is not None and opts.checkpoint_period.is_due(done, n)
+        )
+        if (
+            opts.reporting_period.is_due(done, n)
+            or validate_due
+            or checkpoint_due
+            or self.context.get_stop_requested()
+            or opts.test_mode
+        ):
+            self._report_training()
+        self._timer.maybe_report(done, self.sink if self.dist.is_chief else None)
+        if validate_due:
+            self._validate()
+        if checkpoint_due and self.last_checkpoint_batch != done:
+            self._checkpoint()
+
+    def _finish(self) -> None:
+        self._report_training()
+        self._timer.flush(self.batches_trained, self.sink if self.dist.is_chief else None)
+        done = self.batches_trained
+        if not self.context.get_stop_requested() and self.last_validation_batch != done:
+            self._validate()
+        if self.last_checkpoint_batch != done:
+            self._checkpoint()
+
+    # ---- data ---------------------------------------------------------------------------
+    def _build_data(self) -> None:
+        ctx, opts = self.context, self.options
+        train_loader = _check_loader(self.trial.build_training_data_loader(), "training", ctx)
+        self._val_loader = _check_loader(
+            self.trial.build_validation_data_loader(), "validation", ctx
+        )
+        epoch_len = len(train_loader)
+        if epoch_len == 0:
+            raise TrialError("build_training_data_loader() returned a loader with no batches")
+        self.epoch_len = epoch_len
+        ctx._epoch_len = epoch_len
+        self.max_batches = 1 if opts.test_mode else opts.max_length.to_batches(epoch_len)
+        if self.batches_trained > self.max_batches:
+            raise CheckpointError(
+                f"the checkpoint has {self.batches_trained} batches trained, more than "
+                f"max_length {opts.max_length} ({self.max_batches} batches)"
+            )
+        source = iterate_batches(
+            train_loader,
+            seed=ctx.get_trial_seed(),
+            rank=self.dist.rank,
+            size=self.dist.size,
+            repeat=True,
+            skip=self.batches_trained,
+        )
+        self._prefetcher: DevicePrefetcher | None = None
+        auto = ctx.experimental._auto_to_device
+        if auto and ctx.device.type == "cuda" and _thread_safe_source(train_loader):
+            self._prefetcher = DevicePrefetcher(source, ctx.device)
+            self._train_iter: Iterator[Any] = self._prefetcher
+        elif auto and ctx.device.type != "cpu":
+            self._train_iter = (ctx.to_device(b) for b in source)
+        else:
+            self._train_iter = (ctx.to_device(b) for b in source) if auto else source
+
+    def _close_data(self) -> None:
+        if getattr(self, "_prefetcher", None) is not None:
+            assert self._prefetcher is not None
+            self._prefetcher.close()
+
+    # ---- reporting and validation ---------------------------------------------------------
+    def _report_training(self) -> None:
+        if not len(self._buffer):
+            return
+        avg, batch_metrics = self._buffer.flush()
+        ctx = self.context
+        if self.dist.size > 1 and ctx._settings.average_training_metrics:
+            everyone = self.dist.allgather(avg)
+            avg = {k: sum(m[k] for m in everyone) / len(everyone) for k in avg}
+        avg.update(ctx.experimental.reduce_metrics(for_training=True))
+        ctx.experimental.reset_reducers()
+        for name, value in avg.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                log.warning("training metric %r is %s at batch %d", name, value, self.batches_trained)
+        for cb in self.callbacks.values():
+            cb.on_training_workload_end(avg, batch_metrics)
+        if self.dist.is_chief:
+            self.sink.report_training(self.batches_trained, avg)
+
+    def _validate(self) -> None:
+        self._report_training()
+        metrics = validate(self.trial, self.context, self._val_loader, self.callbacks,
+                           test_mode=self.options.test_mode)
+        self.last_validation_batch = self.batches_trained
+        self.latest_validation = metrics
+        if self.dist.is_chief:
+            self.sink.report_validation(self.batches_trained, metrics)
+        if self._should_checkpoint_after_validation(metrics):
+            self._checkpoint()
+
+    def _should_checkpoint_after_validation(self, metrics: dict[str, Any]) -> bool:
+        policy, name = self.options.checkpoint_policy, self.options.searcher_metric
+        if policy == "all":
+            return True
+        if policy != "best" or name is None:
+            return False
+        if name not in metrics:
+            raise TrialError(
+                f"the searcher metric {name!r} is not among the validation metrics "
+                f"{sorted(metrics)}; return it from evaluate_batch() or change searcher.metric"
+            )
+        value = float(metrics[name])
+        better = self.best_metric is None or (
+            value < self.best_metric if self.options.smaller_is_better else value > self.best_metric
+        )
+        if better:
+            self.best_metric = value
+        return better
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        self._report_training()
+        uuid: str | None = None
+        if self.dist.is_chief:
+            uuid = self._write_checkpoint()
+        uuid = self.dist.broadcast(uuid)
+        self.latest_checkpoint_uuid = uuid
+        self.last_checkpoint_batch = self.batches_trained
+        for cb in self.callbacks.values():
+            cb.on_checkpoint_upload_end(uuid)  # type: ignore[arg-type]
+
+    def _state(self) -> dict[str, Any]:
+        ctx = self.context
+        state: dict[str, Any] = {
+            "models_state_dict": [m.state_dict() for m in ctx.models],
+            "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
+            "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
+            "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
+            "rng_state": ckpt.capture_rng_state(ctx.device),
+            _TRIAL_STATE: {
+                "batches_trained": self.batches_trained,
+                "best_metric": self.best_metric,
+                "last_validation_batch": self.last_validation_batch,
+            },
+        }
+        if ctx._scaler is not None:
+            state["scaler_state_dict"] = ctx._scaler.state_dict()
+        return state
+
+    def _write_checkpoint(self) -> str:
+        ctx = self.context
+        state = self._state()
+        for cb in self.callbacks.values():
+            cb.on_checkpoint_save_start(state)
+        staged = self.store.stage()
+        try:
+            torch.save(state, staged / ckpt.STATE_FILE)
+            trial_cls = type(self.trial)
+            ckpt.write_json(staged / ckpt.LOAD_DATA_FILE, {
+                "trial_type": "PyTorchTrial",
+                "trial_cls_spec": f"{trial_cls.__module__}:{trial_cls.__qualname__}",
+                "hparams": ctx.get_hparams(),
+                "experiment_config": ctx._settings.exp_conf,
+            })
+            if ctx._settings.model_dir is not None:
+                ckpt.copy_code(Path(ctx._settings.model_dir), staged)
+            for cb in self.callbacks.values():
+                if _overridden(cb, "on_checkpoint_end"):
+                    cb.on_checkpoint_end(str(staged))
+                cb.on_checkpoint_write_end(str(staged))
+            metadata = ckpt.seal(staged, {
+                "det_tasks_version": __version__,
+                "torch_version": torch.__version__,
+                "steps_completed": self.batches_trained,
+                "trial_id": str(ctx.get_trial_id()),
+                "validation_metrics": self.latest_validation
+                if self.last_validation_batch == self.batches_trained else None,
+                "time": time.time(),
+            })
+            uuid = self.store.publish(staged)
+        except OSError as err:
+            self.store.discard(staged)
+            previous = self.latest_checkpoint_uuid or "none"
+            raise CheckpointError(
+                f"writing the checkpoint at batch {self.batches_trained} failed: "
+                f"{err.strerror or err}; nothing was published and the previous checkpoint "
+                f"({previous}) is intact. Free space or point checkpoint_storage elsewhere"
+            ) from None
+        except BaseException:
+            self.store.discard(staged)
+            raise
+        self.sink.report_checkpoint(self.batches_trained, uuid, metadata)
+        return uuid
+
+    def _restore(self, reference: str | None) -> None:
+        if reference is None:
+            return
+        with open_checkpoint(self.store, reference) as path:
+            ckpt.verify(path)
+            state = ckpt.read_state(path)
+            trial_state = state.get(_TRIAL_STATE) or _legacy_trial_state(path)
+        load_state(self.context, self.callbacks, state)
+        self.batches_trained = int(trial_state["batches_trained"])
+        self.best_metric = trial_state.get("best_metric")
+        self.last_validation_batch = trial_state.get("last_validation_batch")
+        self.last_checkpoint_batch = self.batches_trained
+
+    def _install_before_step_hooks(self) -> None:
+        hooks = [cb for cb in self.callbacks.values() if _overridden(cb, "on_before_optimizer_step")]
+        if hooks:
+            warnings.warn(
+                "PyTorchCallback.on_before_optimizer_step is deprecated; pass clip_grads= to "
+                "context.step_optimizer() instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.context._before_step_hooks = [cb.on_before_optimizer_step for cb in hooks]
+
+
+@contextlib.contextmanager
+def open_checkpoint(store: CheckpointStore, reference: str) -> Iterator[Path]:
+    """A checkpoint by uuid in ``store``, or by directory path."""
+    if os.path.isdir(reference):
+        yield Path(reference)
+        return
+    with store.restore(reference) as path:
+        yield path
+
+
+def load_state(
+    context: PyTorchTrialContext, callbacks: dict[str, PyTorchCallback], state: dict[str, Any]
+) -> None:
+    """Restore models, optimizers, schedulers, scaler, RNG and callbacks from a state dict."""
+    for cb in callbacks.values():
+        cb.on_checkpoint_load_start(state)
+    models = state.get("models_state_dict")
+    if models is None and "model_state_dict" in state:
+        models = [state["model_state_dict"]]
+    if models is None or len(models) != len(context.models):
+        found = "none" if models is None else len(models)
+        raise CheckpointError(
+            f"the checkpoint holds {found} model state dicts but the trial wrapped "
+            f"{len(context.models)} models; was it written by a different trial class?"
+        )
+    for model, sd in zip(context.models, models):
+        _load_model(model, sd)
+    optimizers = state.get("optimizers_state_dict")
+    if optimizers is None and "optimizer_state_dict" in state:
+        optimizers = [state["optimizer_state_dict"]]
+    for opt, sd in zip(context.optimizers, optimizers or []):
+        opt.load_state_dict(sd)
+    for sched, sd in zip(context.lr_schedulers, state.get("lr_schedulers_state_dict") or []):
+        sched.load_state_dict(sd)
+    if context._scaler is not None and "scaler_state_dict" in state:
+        context._scaler.load_state_dict(state["scaler_state_dict"])
+    if "rng_state" in state:
+        ckpt.restore_rng_state(state["rng_state"], context.device)
+    saved = state.get("callbacks") or {}
+    for name, cb in callbacks.items():
+        if name in saved:
+            cb.load_state_dict(saved[name])
+        elif _overridden(cb, "load_state_dict"):
+            log.warning("callback %r has no saved state in the checkpoint; starting fresh", name)
+
+
+def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
+    is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    target = model.module if is_ddp else model
+    sd = dict(sd)
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "module.")
+    try:
+        target.load_state_dict(sd)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the checkpoint's model weights do not fit {type(target).__name__}: "
+            f"{str(err).splitlines()[0]}; were hyperparameters that shape the model changed?"
+        ) from None
+
+
+def _legacy_trial_state(path: Path) -> dict[str, Any]:
+    meta = path / ckpt.METADATA_FILE
+    steps = ckpt.read_json(meta).get("steps_completed", 0) if meta.exists() else 0
+    return {"batches_trained": int(steps)}
+
+
+def _overridden(cb: PyTorchCallback, name: str) -> bool:
+    return getattr(type(cb), name) is not getattr(PyTorchCallback, name)
+
+
+def _check_callbacks(callbacks: Any) -> dict[str, PyTorchCallback]:
+    if not isinstance(callbacks, dict) or not all(
+        isinstance(k, str) and isinstance(v, PyTorchCallback) for k, v in callbacks.items()
+    ):
+        raise TrialError(
+            "build_callbacks() must return a dict of names to PyTorchCallback instances, "
+            f"got {callbacks!r}"
+        )
+    return callbacks
+
+
+def _check_loader(loader: Any, which: str, ctx: PyTorchTrialContext) -> Any:
+    if isinstance(loader, DataLoader):
+        return loader
+    if isinstance(loader, torch.utils.data.DataLoader):
+        if which == "validation" or not ctx.experimental._data_repro_checks:
+            return loader
+        raise TrialError(
+            "build_training_data_loader() returned a torch.utils.data.DataLoader; return "
+            "det_tasks.pytorch.DataLoader (same arguments) so training resumes exactly, or "
+            "call context.experimental.disable_dataset_reproducibility_checks() in __init__"
+        )
+    raise TrialError(
+        f"build_{which}_data_loader() must return a det_tasks.pytorch.DataLoader, got "
+        f"{type(loader).__name__}"
+    )
+
+
+def _thread_safe_source(loader: Any) -> bool:
+    """Fetching in a thread is safe when it cannot race the main thread for global RNG."""
+    return isinstance(loader, DataLoader) and (
+        loader.supports_fast_gather() or loader.num_workers > 0
+    )

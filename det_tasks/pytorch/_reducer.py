@@ -1,0 +1,133 @@
+"""Metric reduction: the ``Reducer`` enum, ``MetricReducer`` and the function-reducer form.
+
+A metric computed on N slots must equal the metric computed on one process over the same
+data, so every reduction goes per-slot first and cross-slot second.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from det_tasks.errors import TrialError
+
+__all__ = ["MetricReducer", "Reducer", "reduce_batch_metrics", "to_python"]
+
+
+class Reducer(enum.Enum):
+    """How per-batch validation metrics combine: AVG (mean of batches), SUM, MAX, MIN."""
+
+    AVG = 1
+    SUM = 2
+    MAX = 3
+    MIN = 4
+
+
+class MetricReducer(abc.ABC):
+    """A custom reducer: gather values, reduce per slot, then across slots."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget values; called before every training or validation workload."""
+
+    @abc.abstractmethod
+    def per_slot_reduce(self) -> Any:
+        """A picklable summary of this slot's values."""
+
+    @abc.abstractmethod
+    def cross_slot_reduce(self, per_slot_metrics: list[Any]) -> Any:
+        """Combine every slot's summary into the final metric (or dict of metrics)."""
+
+
+class _FunctionReducer(MetricReducer):
+    """Adapts a ``fn(values: list) -> metric`` into a MetricReducer with ``update()``."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
+        self._fn = fn
+        self._values: list[Any] = []
+
+    def update(self, value: Any) -> None:
+        self._values.append(value)
+
+    def reset(self) -> None:
+        self._values = []
+
+    def per_slot_reduce(self) -> Any:
+        return self._values
+
+    def cross_slot_reduce(self, per_slot_metrics: list[Any]) -> Any:
+        flat = [v for slot in per_slot_metrics for v in slot]
+        return self._fn(flat)
+
+
+def to_python(value: Any) -> Any:
+    """Tensors and numpy values become plain Python numbers or lists (JSON-friendly)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        return value.item() if value.size == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _combine(reducer: Reducer, slot_values: list[list[float]]) -> float:
+    flat = [v for slot in slot_values for v in slot]
+    if not flat:
+        return math.nan
+    if reducer is Reducer.AVG:
+        return float(np.mean(flat))
+    if reducer is Reducer.SUM:
+        return float(np.sum(flat))
+    if reducer is Reducer.MAX:
+        return float(np.max(flat))
+    return float(np.min(flat))
+
+
+def reduce_batch_metrics(
+    reducers: Reducer | dict[str, Reducer],
+    per_slot_batches: list[list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """Reduce every slot's list of per-batch metric dicts into one dict.
+
+    AVG is the mean over all batches of all slots, which equals the single-process mean
+    when every slot saw the same number of batches (Determined's sampler guarantees it).
+    """
+    keys: list[str] = []
+    for batches in per_slot_batches:
+        for metrics in batches:
+            keys.extend(k for k in metrics if k not in keys)
+    out: dict[str, Any] = {}
+    for key in keys:
+        if isinstance(reducers, dict):
+            if key not in reducers:
+                raise TrialError(
+                    f"evaluation_reducer() returned a dict without metric {key!r}; "
+                    f"add it (e.g. {key!r}: Reducer.AVG) or return one Reducer for all"
+                )
+            reducer = reducers[key]
+        else:
+            reducer = reducers
+        if not isinstance(reducer, Reducer):
+            raise TrialError(
+                f"evaluation_reducer() gave {reducer!r} for {key!r}; use a pytorch.Reducer "
+                "(AVG, SUM, MAX, MIN) or context.experimental.wrap_reducer for custom ones"
+            )
+        values = [[_scalar(key, m[key]) for m in batches if key in m] for batches in per_slot_batches]
+        out[key] = _combine(reducer, values)
+    return out
+
+
+def _scalar(key: str, value: Any) -> float:
+    value = to_python(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TrialError(
+            f"metric {key!r} is {value!r}: per-batch metrics must be scalars (a number or a "
+            "one-element tensor); reduce it yourself or use context.experimental.wrap_reducer"
+        )
+    return float(value)

@@ -1,0 +1,301 @@
+"""``init()`` and ``Trainer``: Determined's local Trainer API over our loop.
+
+``init`` builds a context (seeds, device, distributed group, sinks, store); ``Trainer.fit``
+checks its arguments once and hands a ``FitOptions`` to the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from det_tasks import launch
+from det_tasks.config.experiment import ExperimentConfig, Length
+from det_tasks.config.hyperparameters import sample_hparams
+from det_tasks.distributed import DistributedContext
+from det_tasks.errors import ConfigError, TrialError
+from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
+from det_tasks.pytorch._loop import FitOptions, TrialController
+from det_tasks.pytorch._profiler import ProfilerSettings
+from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
+from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
+from det_tasks.storage import CheckpointStore, LocalDirectoryStore
+
+__all__ = ["FitResult", "Trainer", "init", "length_to_unit", "store_from_config"]
+
+_POLICIES = ("best", "all", "none")
+
+
+def init(
+    *,
+    hparams: dict[str, Any] | None = None,
+    exp_conf: dict[str, Any] | None = None,
+    distributed: DistributedContext | None = None,
+    aggregation_frequency: int | None = None,
+    enable_tensorboard_logging: bool = True,
+    metrics_sink: MetricsSink | None = None,
+    checkpoint_store: CheckpointStore | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    model_dir: str | Path | None = None,
+    trial_id: int | str = "local",
+    experiment_id: int | str = "local",
+) -> PyTorchTrialContext:
+    """A PyTorchTrialContext for local or launched training; also usable as ``with init():``.
+
+    ``aggregation_frequency`` and ``seed`` default to the experiment config's values
+    (``optimizations.aggregation_frequency``, ``reproducibility.experiment_seed``).
+    """
+    info = launch.get_cluster_info()
+    if info is not None:
+        exp_conf = exp_conf if exp_conf is not None else info.trial.config
+        hparams = hparams if hparams is not None else info.trial.hparams
+        seed = seed if seed is not None else info.trial.trial_seed
+        trial_id, experiment_id = info.trial.trial_id, info.trial.experiment_id
+        if model_dir is None and info.model_dir:
+            model_dir = info.model_dir
+        if checkpoint_store is None:
+            checkpoint_store = LocalDirectoryStore(info.checkpoint_dir)
+    conf = dict(exp_conf or {})
+    optimizations = conf.get("optimizations") or {}
+    conf_agg = optimizations.get("aggregation_frequency")
+    if aggregation_frequency is not None and conf_agg is not None and aggregation_frequency != conf_agg:
+        raise ConfigError(
+            f"aggregation_frequency={aggregation_frequency} was passed to init() but the "
+            f"experiment config says optimizations.aggregation_frequency={conf_agg}; give one"
+        )
+    agg = aggregation_frequency if aggregation_frequency is not None else (conf_agg or 1)
+    if isinstance(agg, bool) or not isinstance(agg, int) or agg < 1:
+        raise ConfigError(f"aggregation_frequency must be an int >= 1, got {agg!r}")
+    if seed is None:
+        seed = int((conf.get("reproducibility") or {}).get("experiment_seed", 0))
+    if hparams is None:
+        hparams = _hparams_from_config(conf, seed)
+    _seed_everything(seed)
+    settings = TrialSettings(
+        hparams=dict(hparams),
+        exp_conf=conf or None,
+        aggregation_frequency=agg,
+        average_aggregated_gradients=optimizations.get("average_aggregated_gradients", True),
+        average_training_metrics=optimizations.get("average_training_metrics", True),
+        seed=seed,
+        trial_id=trial_id,
+        experiment_id=experiment_id,
+        device=device,
+        model_dir=Path(model_dir) if model_dir is not None else None,
+        enable_tensorboard_logging=enable_tensorboard_logging,
+    )
+    return PyTorchTrialContext(
+        settings,
+        distributed or _detect_distributed(),
+        metrics_sink=metrics_sink or InMemoryMetricsSink(),
+        checkpoint_store=checkpoint_store,
+    )
+
+
+def _hparams_from_config(conf: dict[str, Any], seed: int) -> dict[str, Any]:
+    raw = conf.get("hyperparameters")
+    if not raw:
+        return {}
+    from det_tasks.config.hyperparameters import parse_hyperparameters
+
+    try:
+        space = parse_hyperparameters(raw)
+    except ValueError as err:
+        raise ConfigError(f"exp_conf: {err}") from None
+    return sample_hparams(space, random.Random(seed))
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _detect_distributed() -> DistributedContext:
+    """torchrun and horovodrun describe the worker group in the environment."""
+    if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
+        try:
+            import horovod.torch as hvd
+        except ImportError:
+            raise ConfigError(
+                "this process was started by horovodrun but horovod is not installed: "
+                "`make horovod` (or pip install '.[horovod]')"
+            ) from None
+        hvd.init()
+        return DistributedContext.from_horovod(hvd)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return DistributedContext.from_torch_distributed()
+    return DistributedContext()
+
+
+def store_from_config(exp_conf: dict[str, Any] | None) -> CheckpointStore:
+    """The local store a config's checkpoint_storage names (S3 lives in registry/)."""
+    storage = (exp_conf or {}).get("checkpoint_storage") or {}
+    kind = storage.get("type")
+    if kind is None:
+        return LocalDirectoryStore("checkpoints")
+    if kind == "shared_fs":
+        base = Path(storage["host_path"])
+        return LocalDirectoryStore(base / storage["storage_path"] if storage.get("storage_path") else base)
+    if kind == "directory":
+        return LocalDirectoryStore(storage["container_path"])
+    raise ConfigError(
+        f"checkpoint_storage type {kind!r} needs the registry's store: run through "
+        "`det-tasks run` with the platform extra installed, or pass checkpoint_store= to init()"
+    )
+
+
+def length_to_unit(length: Length, global_batch_size: int | None) -> TrainUnit:
+    """A config Length ({batches|epochs|records: N}) as a Batch or Epoch unit."""
+    if length.unit == "batches":
+        return Batch(length.value)
+    if length.unit == "epochs":
+        return Epoch(length.value)
+    if not global_batch_size:
+        raise ConfigError("a length in records needs hyperparameters.global_batch_size")
+    return Batch(max(length.value // global_batch_size, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What fit() leaves behind: position, latest checkpoint and last validation metrics."""
+
+    batches_trained: int
+    checkpoint_uuid: str | None
+    checkpoint_uri: str | None
+    validation_metrics: dict[str, Any] | None
+    best_metric: float | None
+
+
+class Trainer:
+    """``Trainer(trial, context).fit(...)``: train a PyTorchTrial in this process."""
+
+    def __init__(self, trial: Any, context: PyTorchTrialContext) -> None:
+        if not isinstance(context, PyTorchTrialContext):
+            raise TypeError(f"Trainer needs the PyTorchTrialContext from init(), got {context!r}")
+        if not hasattr(trial, "train_batch"):
+            raise TrialError(
+                f"{type(trial).__name__} is not a PyTorchTrial: it has no train_batch()"
+            )
+        self._trial = trial
+        self._context = context
+        self._profiling: ProfilerSettings | None = None
+
+    def configure_profiler(
+        self,
+        sync_timings: bool = True,
+        enabled: bool = False,
+        begin_on_batch: int = 0,
+        end_after_batch: int | None = None,
+    ) -> None:
+        """Time each phase of batches [begin_on_batch, end_after_batch] and report means."""
+        self._profiling = ProfilerSettings(enabled, begin_on_batch, end_after_batch, sync_timings)
+
+    def fit(
+        self,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit = Batch(100),
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+    ) -> FitResult:
+        """Train to ``max_length``, validating/checkpointing at their periods, then stop."""
+        ctx = self._context
+        conf = ctx._settings.exp_conf or {}
+        searcher = conf.get("searcher") or {}
+        options = FitOptions(
+            max_length=self._resolve_max_length(max_length, conf),
+            checkpoint_period=_unit_or_none("checkpoint_period", checkpoint_period),
+            validation_period=_unit_or_none("validation_period", validation_period),
+            reporting_period=_unit_or_none("reporting_period", reporting_period) or Batch(100),
+            checkpoint_policy=_check_policy(checkpoint_policy),
+            latest_checkpoint=latest_checkpoint,
+            step_zero_validation=bool(step_zero_validation),
+            test_mode=bool(test_mode),
+            searcher_metric=searcher.get("metric"),
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            profiling=self._profiling or _profiling_from_config(conf),
+        )
+        if options.checkpoint_policy == "best" and options.searcher_metric is None:
+            warnings.warn(
+                "checkpoint_policy='best' needs searcher.metric in the experiment config to "
+                "rank validations; without it no checkpoint is taken after validation (only "
+                "at checkpoint_period and at the end). Pass exp_conf with searcher.metric, or "
+                "use checkpoint_policy='all'",
+                UserWarning,
+                stacklevel=2,
+            )
+        store = ctx._checkpoint_store or store_from_config(conf)
+        ctx._checkpoint_store = store
+        sink = ctx._metrics_sink or InMemoryMetricsSink()
+        controller = TrialController(self._trial, ctx, options, sink, store)
+        controller.run()
+        uuid = controller.latest_checkpoint_uuid
+        return FitResult(
+            batches_trained=controller.batches_trained,
+            checkpoint_uuid=uuid,
+            checkpoint_uri=store.uri(uuid) if uuid and not os.path.isdir(uuid) else uuid,
+            validation_metrics=controller.latest_validation,
+            best_metric=controller.best_metric,
+        )
+
+    @staticmethod
+    def _resolve_max_length(max_length: TrainUnit | None, conf: dict[str, Any]) -> TrainUnit:
+        if max_length is not None:
+            unit = _unit_or_none("max_length", max_length)
+            assert unit is not None
+            if not isinstance(unit.value, int):
+                raise ValueError(f"max_length must be a single count, got {unit!r}")
+            return unit
+        if conf.get("searcher"):
+            try:
+                config = ExperimentConfig.model_validate(conf)
+            except Exception as err:
+                raise ConfigError(f"exp_conf is not a valid experiment config: {err}") from None
+            gbs = conf.get("hyperparameters", {}).get("global_batch_size")
+            return length_to_unit(config.max_length, gbs if isinstance(gbs, int) else None)
+        raise ValueError(
+            "fit() needs max_length for local training, e.g. max_length=pytorch.Epoch(1) or "
+            "pytorch.Batch(1000) (or pass exp_conf with searcher.max_length to init())"
+        )
+
+
+def _unit_or_none(name: str, value: Any) -> TrainUnit | None:
+    if value is None or isinstance(value, TrainUnit):
+        return value
+    raise TypeError(
+        f"{name} must be a pytorch.Batch or pytorch.Epoch (e.g. pytorch.Batch({value!r})), "
+        f"got {type(value).__name__}"
+    )
+
+
+def _check_policy(policy: str) -> str:
+    if policy in _POLICIES:
+        return policy
+    close = difflib.get_close_matches(str(policy), _POLICIES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"checkpoint_policy must be one of {', '.join(_POLICIES)}, got {policy!r}{hint}")
+
+
+def _profiling_from_config(conf: dict[str, Any]) -> ProfilerSettings | None:
+    profiling = conf.get("profiling") or {}
+    if not profiling.get("enabled"):
+        return None
+    return ProfilerSettings(
+        enabled=True,
+        begin_on_batch=int(profiling.get("begin_on_batch", 0)),
+        end_after_batch=profiling.get("end_after_batch"),
+        sync_timings=bool(profiling.get("sync_timings", True)),
+    )

@@ -1,0 +1,144 @@
+"""The "Trainer API for PyTorchTrial" proposal's calls, as thin adapters on the real API.
+
+``context = det.pytorch.init()``, ``context.build_trial``, ``context.train``,
+``context.training.hparams``, ``context.config_data``, ``context.load_checkpoint_trial``
+and ``context.predict`` all end in ``Trainer.fit`` or ``load_trial_from_checkpoint_path``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from det_tasks.errors import TrialError
+
+if TYPE_CHECKING:
+    from det_tasks.pytorch._context import PyTorchTrialContext
+    from det_tasks.pytorch._units import TrainUnit
+
+__all__ = ["TrainerAPIMixin"]
+
+# A registry-provided function mapping a trial id to a checkpoint reference.
+TrialCheckpointResolver = Callable[[Any], str]
+
+
+class TrainerAPIMixin:
+    """Mixed into PyTorchTrialContext."""
+
+    _trial_checkpoint_resolver: TrialCheckpointResolver | None = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close()  # type: ignore[attr-defined]
+
+    @property
+    def training(self) -> types.SimpleNamespace:
+        """``context.training.hparams`` (the proposal's trainer-context view)."""
+        return types.SimpleNamespace(hparams=self.hparams)  # type: ignore[attr-defined]
+
+    @property
+    def config_data(self) -> dict[str, Any]:
+        """The config's free-form ``data:`` section."""
+        return self.get_data_config()  # type: ignore[attr-defined, no-any-return]
+
+    def build_trial(self, trial_class: type, *args: Any, **kwargs: Any) -> Any:
+        """``trial_class(context, ...)``."""
+        return trial_class(self, *args, **kwargs)
+
+    def train(
+        self,
+        trial: Any,
+        train_data: Any = None,
+        val_data: Any = None,
+        *,
+        min_validation_period: TrainUnit | None = None,
+        min_checkpoint_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit | None = None,
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        test_mode: bool = False,
+    ) -> dict[str, Any] | None:
+        """Train ``trial`` (optionally on these loaders); returns the last validation metrics."""
+        from det_tasks.pytorch._trainer import Trainer
+        from det_tasks.pytorch._units import Batch
+
+        if train_data is not None:
+            trial.build_training_data_loader = lambda: train_data
+        if val_data is not None:
+            trial.build_validation_data_loader = lambda: val_data
+        result = Trainer(trial, self).fit(  # type: ignore[arg-type]
+            checkpoint_period=min_checkpoint_period,
+            validation_period=min_validation_period,
+            max_length=max_length,
+            reporting_period=reporting_period or Batch(100),
+            checkpoint_policy=checkpoint_policy,
+            latest_checkpoint=latest_checkpoint,
+            test_mode=test_mode,
+        )
+        return result.validation_metrics
+
+    fit = train
+
+    def load_checkpoint_trial(
+        self,
+        trial_class: type,
+        trial_id: Any = None,
+        *,
+        path: str | None = None,
+        trial_kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """A trial restored from a checkpoint path/URI, or from a trial id via the registry."""
+        from det_tasks.pytorch._load import load_trial_from_checkpoint_path
+
+        if (trial_id is None) == (path is None):
+            raise ValueError("load_checkpoint_trial needs exactly one of trial_id= or path=")
+        if path is None:
+            if self._trial_checkpoint_resolver is None:
+                raise TrialError(
+                    f"load_checkpoint_trial(trial_id={trial_id!r}) needs the registry to find "
+                    "that trial's checkpoint: run under the platform (MLflow configured), or "
+                    "pass path= with a checkpoint directory or URI"
+                )
+            path = self._trial_checkpoint_resolver(trial_id)
+        return load_trial_from_checkpoint_path(
+            path, trial_class=trial_class, trial_kwargs=trial_kwargs,
+            torch_load_kwargs={"map_location": str(self.device)},  # type: ignore[attr-defined]
+        )
+
+    def predict(self, trial: Any, data_loader: Any) -> torch.Tensor:
+        """Every batch's outputs, concatenated along dim 0.
+
+        Uses ``trial.predict_batch(batch)`` when the trial defines it; otherwise the
+        trial's single model applied to the batch's inputs (its first element).
+        """
+        ctx: PyTorchTrialContext = trial.context if hasattr(trial, "context") else self  # type: ignore[assignment]
+        loader = data_loader.get_data_loader() if hasattr(data_loader, "get_data_loader") else data_loader
+        predict_batch = getattr(trial, "predict_batch", None)
+        if predict_batch is None and len(ctx.models) != 1:
+            raise TrialError(
+                f"predict() needs trial.predict_batch(batch) when the trial has "
+                f"{len(ctx.models)} models"
+            )
+        for model in ctx.models:
+            model.eval()
+        outputs = []
+        with torch.no_grad():
+            for batch in loader:
+                batch = ctx.to_device(batch)
+                if predict_batch is not None:
+                    out = predict_batch(batch)
+                else:
+                    inputs = batch[0] if isinstance(batch, list | tuple) else batch
+                    out = ctx.models[0](inputs)
+                outputs.append(out.detach().cpu() if isinstance(out, torch.Tensor) else out)
+        if not outputs:
+            raise TrialError("predict(): the data loader yielded no batches")
+        if all(isinstance(o, torch.Tensor) for o in outputs):
+            return torch.cat(outputs)
+        raise TrialError("predict(): predict_batch must return tensors to be concatenated")

@@ -1,0 +1,95 @@
+"""Where a trial's metrics go: the ``MetricsSink`` interface and in-process implementations.
+
+``registry/`` provides the MLflow sink; the harness only ever sees this interface, and
+calls it at reporting boundaries, never per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["InMemoryMetricsSink", "MetricsSink", "MultiSink", "ReportedCheckpoint"]
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    def report_training(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Averaged training metrics of the batches since the last report."""
+
+    def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Reduced validation metrics after ``steps_completed`` batches."""
+
+    def report_checkpoint(
+        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
+    ) -> None:
+        """A checkpoint was published."""
+
+    def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
+        """Mean phase timings over a profiling window."""
+
+    def close(self) -> None:
+        """Flush anything buffered."""
+
+
+@dataclasses.dataclass
+class ReportedCheckpoint:
+    steps_completed: int
+    uuid: str
+    metadata: dict[str, Any]
+
+
+class InMemoryMetricsSink:
+    """Keeps every report in lists: for tests, local runs and the Trainer API's return."""
+
+    def __init__(self) -> None:
+        self.training: list[tuple[int, dict[str, Any]]] = []
+        self.validation: list[tuple[int, dict[str, Any]]] = []
+        self.checkpoints: list[ReportedCheckpoint] = []
+        self.profiling: list[tuple[int, dict[str, float]]] = []
+
+    def report_training(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        self.training.append((steps_completed, dict(metrics)))
+
+    def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        self.validation.append((steps_completed, dict(metrics)))
+
+    def report_checkpoint(
+        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
+    ) -> None:
+        self.checkpoints.append(ReportedCheckpoint(steps_completed, uuid, dict(metadata)))
+
+    def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
+        self.profiling.append((steps_completed, dict(timings_ms)))
+
+    def close(self) -> None:
+        """Nothing is buffered."""
+
+
+class MultiSink:
+    """Fans every report out to several sinks, in order."""
+
+    def __init__(self, *sinks: MetricsSink) -> None:
+        self.sinks = list(sinks)
+
+    def report_training(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.report_training(steps_completed, metrics)
+
+    def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.report_validation(steps_completed, metrics)
+
+    def report_checkpoint(
+        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
+    ) -> None:
+        for sink in self.sinks:
+            sink.report_checkpoint(steps_completed, uuid, metadata)
+
+    def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.report_profiling(steps_completed, timings_ms)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

@@ -1,0 +1,111 @@
+"""Where checkpoint bytes go: the ``CheckpointStore`` interface and a local-directory store.
+
+A checkpoint is written into a staging directory, then published atomically under its
+uuid: a reader never sees a half-written checkpoint. ``registry/`` implements the same
+interface over S3 + MLflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid as uuid_lib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from det_tasks.errors import CheckpointError
+
+__all__ = ["CheckpointStore", "LocalDirectoryStore"]
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    def stage(self) -> Path:
+        """A fresh, empty local directory to write a checkpoint into."""
+
+    def publish(self, staged: Path) -> str:
+        """Make the staged directory a checkpoint; returns its uuid. Consumes ``staged``."""
+
+    def discard(self, staged: Path) -> None:
+        """Drop a staged directory after a failed write."""
+
+    def restore(self, uuid: str) -> contextlib.AbstractContextManager[Path]:
+        """A local directory holding the checkpoint's files, for the duration of the block."""
+
+    def delete(self, uuid: str) -> None:
+        """Remove a published checkpoint."""
+
+    def uri(self, uuid: str) -> str:
+        """How users and ``load_trial_from_checkpoint_path`` refer to the checkpoint."""
+
+
+class LocalDirectoryStore:
+    """Checkpoints as ``<root>/<uuid>/`` directories (Determined's shared_fs layout)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def stage(self) -> Path:
+        staging = self.root / ".staging"
+        try:
+            staging.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot create checkpoint directory {staging}: {err.strerror}; "
+                "set checkpoint_storage to a writable path"
+            ) from None
+        path = staging / uuid_lib.uuid4().hex
+        path.mkdir()
+        return path
+
+    def publish(self, staged: Path) -> str:
+        uuid = str(uuid_lib.uuid4())
+        _fsync_tree(staged)
+        os.rename(staged, self.root / uuid)
+        _fsync_dir(self.root)
+        return uuid
+
+    def discard(self, staged: Path) -> None:
+        shutil.rmtree(staged, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def restore(self, uuid: str) -> Iterator[Path]:
+        path = self.path_of(uuid)
+        if not path.is_dir():
+            raise CheckpointError(
+                f"checkpoint {uuid!r} does not exist under {self.root}; "
+                "list the directory for valid uuids"
+            )
+        yield path
+
+    def path_of(self, uuid: str) -> Path:
+        if not uuid or "/" in uuid or uuid.startswith("."):
+            raise CheckpointError(f"{uuid!r} is not a checkpoint uuid")
+        return self.root / uuid
+
+    def delete(self, uuid: str) -> None:
+        shutil.rmtree(self.path_of(uuid), ignore_errors=True)
+
+    def uri(self, uuid: str) -> str:
+        return str(self.path_of(uuid))
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

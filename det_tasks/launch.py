@@ -9,6 +9,7 @@ answer is None, as Determined's was.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -16,7 +17,16 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ENV_VAR", "ClusterInfo", "TrialInfo", "get_cluster_info", "launched"]
+__all__ = [
+    "ENV_VAR",
+    "ClusterInfo",
+    "RunServices",
+    "TrialInfo",
+    "current_services",
+    "get_cluster_info",
+    "launched",
+    "services",
+]
 
 ENV_VAR = "DET_TASKS_CLUSTER_INFO"
 
@@ -76,3 +86,29 @@ def launched(info: ClusterInfo) -> Iterator[None]:
         else:
             os.environ[ENV_VAR] = previous
         os.unlink(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunServices:
+    """Sink and store a launcher hands to ``det.pytorch.init()`` inside a launched script."""
+
+    metrics_sink: Any = None
+    checkpoint_store: Any = None
+
+
+_SERVICES: contextvars.ContextVar[RunServices | None] = contextvars.ContextVar(
+    "det_tasks_run_services", default=None
+)
+
+
+def current_services() -> RunServices | None:
+    return _SERVICES.get()
+
+
+@contextlib.contextmanager
+def services(run_services: RunServices) -> Iterator[None]:
+    token = _SERVICES.set(run_services)
+    try:
+        yield
+    finally:
+        _SERVICES.reset(token)

@@ -54,6 +54,10 @@ def init(
     ``aggregation_frequency`` and ``seed`` default to the experiment config's values
     (``optimizations.aggregation_frequency``, ``reproducibility.experiment_seed``).
     """
+    provided = launch.current_services()
+    if provided is not None:
+        metrics_sink = metrics_sink or provided.metrics_sink
+        checkpoint_store = checkpoint_store or provided.checkpoint_store
     info = launch.get_cluster_info()
     if info is not None:
         exp_conf = exp_conf if exp_conf is not None else info.trial.config

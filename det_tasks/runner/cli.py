@@ -1,0 +1,72 @@
+"""``det-tasks``: the command line. User mistakes print one paragraph and exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+
+from det_tasks.errors import DetTasksError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="det-tasks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train one trial in this process from an experiment config")
+    run.add_argument("config", help="experiment config YAML (Determined's format)")
+    run.add_argument("model_dir", nargs="?", help="directory with the entrypoint's code "
+                     "(default: the config's directory)")
+    run.add_argument("--test", action="store_true",
+                     help="test mode: one training batch, one validation batch, one checkpoint")
+    run.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field, e.g. hyperparameters.learning_rate=0.5")
+    run.add_argument("--checkpoint-dir", help="write checkpoints here instead of the config's storage")
+    run.add_argument("--resume", metavar="UUID_OR_PATH", help="continue from this checkpoint")
+    run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    check = sub.add_parser("check-config", help="validate an experiment config and print it")
+    check.add_argument("config")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    warnings.simplefilter("default", DeprecationWarning)
+    try:
+        if args.command == "check-config":
+            from det_tasks.config import load_config
+
+            config = load_config(args.config)
+            print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
+            return 0
+        from det_tasks.runner.local import run_trial
+
+        result = run_trial(
+            args.config, args.model_dir, overrides=args.param, test_mode=args.test,
+            checkpoint_dir=args.checkpoint_dir, latest_checkpoint=args.resume,
+            device=args.device, progress=not args.no_progress,
+        )
+    except DetTasksError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    summary = {
+        "batches_trained": result.batches_trained,
+        "checkpoint": result.checkpoint_uri,
+        "validation": result.validation_metrics,
+        "hparams": result.hparams,
+    }
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

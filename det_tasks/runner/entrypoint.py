@@ -1,0 +1,67 @@
+"""Resolving an experiment's ``entrypoint``: ``module:TrialClass`` or a Python script."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import shlex
+import sys
+from pathlib import Path
+
+from det_tasks.errors import ConfigError, TrialError
+
+__all__ = ["load_trial_class", "parse_script_command"]
+
+
+def load_trial_class(entrypoint: str, model_dir: Path) -> type:
+    """Import ``module:Class`` from ``model_dir`` (with ``determined`` aliased to us)."""
+    from det_tasks import compat
+
+    compat.install()
+    module_name, _, class_path = entrypoint.partition(":")
+    if not module_name or not class_path:
+        raise ConfigError(
+            f"entrypoint {entrypoint!r} is not of the form `module:TrialClass` "
+            "(e.g. `model_def:MNistTrial`)"
+        )
+    model_dir = model_dir.resolve()
+    if str(model_dir) not in sys.path:
+        sys.path.insert(0, str(model_dir))
+    sys.modules.pop(module_name, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name.split(".")[0]:
+            raise ConfigError(
+                f"entrypoint {entrypoint!r}: no module {module_name!r} in model directory "
+                f"{str(model_dir)!r}; pass the directory holding {module_name}.py"
+            ) from None
+        raise
+    obj: object = module
+    for part in class_path.split("."):
+        if not hasattr(obj, part):
+            classes = [n for n, c in inspect.getmembers(module, inspect.isclass)
+                       if c.__module__ == module.__name__]
+            raise ConfigError(
+                f"entrypoint {entrypoint!r}: {module_name}.py has no {class_path!r}; "
+                f"classes defined there: {', '.join(classes) or 'none'}"
+            )
+        obj = getattr(obj, part)
+    if not inspect.isclass(obj) or not hasattr(obj, "train_batch"):
+        raise TrialError(
+            f"entrypoint {entrypoint!r} is not a PyTorchTrial subclass (it has no train_batch)"
+        )
+    return obj
+
+
+def parse_script_command(entrypoint: str | list[str]) -> tuple[Path, list[str]]:
+    """``python3 train.py --epochs 1`` -> (train.py, ["--epochs", "1"])."""
+    argv = shlex.split(entrypoint) if isinstance(entrypoint, str) else list(entrypoint)
+    if len(argv) >= 2 and Path(argv[0]).name.startswith("python") and argv[1].endswith(".py"):
+        return Path(argv[1]), argv[2:]
+    if argv and argv[0].endswith(".py"):
+        return Path(argv[0]), argv[1:]
+    raise ConfigError(
+        f"entrypoint {entrypoint!r} is neither `module:TrialClass` nor a Python script "
+        "command such as `python3 train.py --epochs 1`; other commands are not supported"
+    )

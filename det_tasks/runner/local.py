@@ -1,0 +1,187 @@
+"""Training one trial in this process from an experiment config (``det-tasks run``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from det_tasks import launch
+from det_tasks.config import ExperimentConfig, apply_overrides, parse_config, sample_hparams
+from det_tasks.config.loader import parse_yaml_text
+from det_tasks.errors import ConfigError
+from det_tasks.gc import collect_garbage
+from det_tasks.pytorch import Trainer, init
+from det_tasks.pytorch._trainer import length_to_unit, store_from_config
+from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
+from det_tasks.runner.entrypoint import load_trial_class, parse_script_command
+from det_tasks.runner.progress import ProgressSink
+from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
+from det_tasks.storage import CheckpointStore, LocalDirectoryStore
+
+__all__ = ["RunResult", "load_raw_config", "run_trial"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    hparams: dict[str, Any]
+    batches_trained: int
+    checkpoint_uuid: str | None
+    checkpoint_uri: str | None
+    validation_metrics: dict[str, Any] | None
+    sink: InMemoryMetricsSink
+
+
+def load_raw_config(path: Path, overrides: list[str] | None) -> tuple[dict[str, Any], ExperimentConfig]:
+    """The raw mapping (what get_experiment_config() returns) and its validated form."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
+    raw = parse_yaml_text(text, str(path))
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    config = parse_config(raw, source=str(path))
+    return raw, config
+
+
+def run_trial(
+    config_path: str | Path,
+    model_dir: str | Path | None = None,
+    *,
+    overrides: list[str] | None = None,
+    test_mode: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    latest_checkpoint: str | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    extra_sink: MetricsSink | None = None,
+) -> RunResult:
+    """Validate the config, build the trial from its entrypoint, and fit it."""
+    config_path = Path(config_path)
+    model_dir = Path(model_dir) if model_dir is not None else config_path.parent
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
+    raw, config = load_raw_config(config_path, overrides)
+    if config.resources.slots_per_trial > 1:
+        raise ConfigError(
+            f"resources.slots_per_trial={config.resources.slots_per_trial}: `det-tasks run` "
+            "trains in one process; launch several workers with torchrun/horovodrun, or set "
+            "resources.slots_per_trial: 1 (e.g. --param resources.slots_per_trial=1)"
+        )
+    hparams = sample_hparams(config.hyperparameters, random.Random(config.reproducibility.experiment_seed))
+    store = _store(raw, checkpoint_dir)
+    gbs = hparams.get("global_batch_size")
+    max_length = _unit(config, config.max_length, gbs)
+    memory = InMemoryMetricsSink()
+    sinks: list[MetricsSink] = [memory]
+    if progress:
+        total = max_length.value if isinstance(max_length, Batch) else None
+        sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))
+    if extra_sink is not None:
+        sinks.append(extra_sink)
+    sink = MultiSink(*sinks)
+    try:
+        if config.is_trial_class_entrypoint:
+            result = _fit_trial_class(config, raw, hparams, model_dir, store, sink, max_length,
+                                      test_mode, latest_checkpoint, device)
+        else:
+            result = _run_script(config, raw, hparams, model_dir, store, sink, latest_checkpoint)
+    finally:
+        sink.close()
+    _apply_retention(config, store, memory)
+    return RunResult(hparams, result[0], result[1],
+                     store.uri(result[1]) if result[1] else None, result[2], memory)
+
+
+def _fit_trial_class(config: ExperimentConfig, raw: dict[str, Any], hparams: dict[str, Any],
+                     model_dir: Path, store: CheckpointStore, sink: MetricsSink,
+                     max_length: TrainUnit, test_mode: bool, latest: str | None,
+                     device: str | None) -> tuple[int, str | None, dict[str, Any] | None]:
+    assert isinstance(config.entrypoint, str)
+    trial_class = load_trial_class(config.entrypoint, model_dir)
+    gbs = hparams.get("global_batch_size")
+    with init(hparams=hparams, exp_conf=raw, metrics_sink=sink, checkpoint_store=store,
+              device=device, seed=config.reproducibility.experiment_seed,
+              model_dir=model_dir) as context:
+        trial = trial_class(context)
+        trainer = Trainer(trial, context)
+        result = trainer.fit(
+            max_length=max_length,
+            validation_period=_unit(config, config.min_validation_period, gbs),
+            checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
+            checkpoint_policy=config.checkpoint_policy,
+            latest_checkpoint=latest,
+            step_zero_validation=config.perform_initial_validation,
+            test_mode=test_mode,
+        )
+    return result.batches_trained, result.checkpoint_uuid, result.validation_metrics
+
+
+def _run_script(config: ExperimentConfig, raw: dict[str, Any], hparams: dict[str, Any],
+                model_dir: Path, store: CheckpointStore, sink: MetricsSink,
+                latest: str | None) -> tuple[int, str | None, dict[str, Any] | None]:
+    """A Trainer-API script, run in this process as ``__main__`` with cluster info set."""
+    from det_tasks import compat
+
+    script, args = parse_script_command(config.entrypoint)
+    path = (model_dir / script).resolve()
+    if not path.is_file():
+        raise ConfigError(f"entrypoint script {str(script)!r} not found in {str(model_dir)!r}")
+    compat.install()
+    info = launch.ClusterInfo(
+        trial=launch.TrialInfo(trial_id="local", experiment_id="local", hparams=hparams,
+                               config=raw, trial_seed=config.reproducibility.experiment_seed),
+        latest_checkpoint=latest,
+        checkpoint_dir=str(getattr(store, "root", "checkpoints")),
+        model_dir=str(model_dir.resolve()),
+    )
+    memory = next(s for s in getattr(sink, "sinks", [sink]) if isinstance(s, InMemoryMetricsSink))
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(model_dir.resolve()))
+    try:
+        with launch.launched(info), launch.services(launch.RunServices(sink, store)):
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as exit_:
+                if exit_.code not in (0, None):
+                    raise
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    steps = memory.checkpoints[-1].steps_completed if memory.checkpoints else 0
+    uuid = memory.checkpoints[-1].uuid if memory.checkpoints else None
+    validation = memory.validation[-1][1] if memory.validation else None
+    return steps, uuid, validation
+
+
+def _store(raw: dict[str, Any], checkpoint_dir: str | Path | None) -> CheckpointStore:
+    if checkpoint_dir is not None:
+        return LocalDirectoryStore(checkpoint_dir)
+    return store_from_config(raw)
+
+
+def _unit(config: ExperimentConfig, length: Any, gbs: Any) -> Any:
+    if length is None:
+        return None
+    gbs = gbs if isinstance(gbs, int) else None
+    if length.unit == "epochs" and config.records_per_epoch and gbs:
+        return Batch(max(length.value * config.records_per_epoch // gbs, 1))
+    unit = length_to_unit(length, gbs)
+    assert isinstance(unit, Batch | Epoch)
+    return unit
+
+
+def _apply_retention(config: ExperimentConfig, store: CheckpointStore,
+                     memory: InMemoryMetricsSink) -> None:
+    storage = config.checkpoint_storage
+    if storage is None or not memory.checkpoints:
+        return
+    collect_garbage(store, memory.checkpoints, storage.save_trial_latest,
+                    storage.save_trial_best, config.searcher.metric,
+                    config.searcher.smaller_is_better)

@@ -23,7 +23,7 @@ def checkpoints_to_keep(
 ) -> set[str]:
     """The uuids the policy retains (the latest one is always kept, to resume from)."""
     ordered = sorted(checkpoints, key=lambda c: c.steps_completed)
-    keep = {c.uuid for c in ordered[-max(keep_latest, 1):]} if ordered else set()
+    keep = {c.uuid for c in ordered[-max(keep_latest, 1) :]} if ordered else set()
     if metric and keep_best:
         scored = [(c, _metric(c.metadata, metric)) for c in ordered]
         ranked = sorted(

@@ -20,9 +20,7 @@ class MetricsSink(Protocol):
     def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
         """Reduced validation metrics after ``steps_completed`` batches."""
 
-    def report_checkpoint(
-        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
-    ) -> None:
+    def report_checkpoint(self, steps_completed: int, uuid: str, metadata: dict[str, Any]) -> None:
         """A checkpoint was published."""
 
     def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
@@ -54,9 +52,7 @@ class InMemoryMetricsSink:
     def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
         self.validation.append((steps_completed, dict(metrics)))
 
-    def report_checkpoint(
-        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
-    ) -> None:
+    def report_checkpoint(self, steps_completed: int, uuid: str, metadata: dict[str, Any]) -> None:
         self.checkpoints.append(ReportedCheckpoint(steps_completed, uuid, dict(metadata)))
 
     def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
@@ -80,9 +76,7 @@ class MultiSink:
         for sink in self.sinks:
             sink.report_validation(steps_completed, metrics)
 
-    def report_checkpoint(
-        self, steps_completed: int, uuid: str, metadata: dict[str, Any]
-    ) -> None:
+    def report_checkpoint(self, steps_completed: int, uuid: str, metadata: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.report_checkpoint(steps_completed, uuid, metadata)
 

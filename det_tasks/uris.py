@@ -12,13 +12,12 @@ import importlib.metadata
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import ContextManager
 
 from det_tasks.errors import CheckpointError
 
 __all__ = ["open_checkpoint_uri", "register_resolver", "scheme_of"]
 
-Resolver = Callable[[str], ContextManager[Path]]
+Resolver = Callable[[str], contextlib.AbstractContextManager[Path]]
 _RESOLVERS: dict[str, Resolver] = {}
 
 

@@ -25,7 +25,9 @@ class TorchWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError("TorchWriter needs the tensorboard package: pip install tensorboard") from None
+            raise ImportError(
+                "TorchWriter needs the tensorboard package: pip install tensorboard"
+            ) from None
         self.writer = SummaryWriter(log_dir=log_dir)
 
 
@@ -39,17 +41,21 @@ def _core_init(*args: Any, **kwargs: Any) -> Any:
 
 def build() -> dict[str, types.ModuleType]:
     det_pytorch = _module(
-        "determined.pytorch", pytorch.__doc__ or "",
+        "determined.pytorch",
+        pytorch.__doc__ or "",
         **{name: getattr(pytorch, name) for name in pytorch.__all__},
     )
     det_pytorch.samplers = _module(  # type: ignore[attr-defined]
-        "determined.pytorch.samplers", samplers.__doc__ or "",
+        "determined.pytorch.samplers",
+        samplers.__doc__ or "",
         **{name: getattr(samplers, name) for name in samplers.__all__},
     )
-    core = _module("determined.core", "Core API subset", DistributedContext=DistributedContext,
-                   init=_core_init)
-    writers_pytorch = _module("determined.tensorboard.metric_writers.pytorch", "",
-                              TorchWriter=TorchWriter)
+    core = _module(
+        "determined.core", "Core API subset", DistributedContext=DistributedContext, init=_core_init
+    )
+    writers_pytorch = _module(
+        "determined.tensorboard.metric_writers.pytorch", "", TorchWriter=TorchWriter
+    )
     writers = _module("determined.tensorboard.metric_writers", "", pytorch=writers_pytorch)
     tensorboard = _module("determined.tensorboard", "", metric_writers=writers)
     det = _module(

@@ -32,7 +32,7 @@ class _Strict(BaseModel):
 
 
 class Length(_Strict):
-    """A training length in exactly one unit: ``{batches: N}``, ``{epochs: N}`` or ``{records: N}``."""
+    """A training length in one unit: ``{batches: N}``, ``{epochs: N}`` or ``{records: N}``."""
 
     batches: int | None = Field(default=None, ge=1)
     epochs: int | None = Field(default=None, ge=1)
@@ -195,7 +195,9 @@ class ExperimentConfig(_Strict):
     def _entrypoint_shape(cls, value: str | list[str]) -> str | list[str]:
         text = value if isinstance(value, str) else " ".join(value)
         if not text.strip():
-            raise ValueError("entrypoint is empty: use `model_def:TrialClass` or `python3 train.py`")
+            raise ValueError(
+                "entrypoint is empty: use `model_def:TrialClass` or `python3 train.py`"
+            )
         return value
 
     @model_validator(mode="after")
@@ -210,12 +212,12 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"hyperparameters.global_batch_size must be a positive integer, got {gbs.val!r}"
             )
-        if self.searcher.max_length is None and self.searcher.max_steps is None:
-            if self.searcher.name != "adaptive_asha" or self.searcher.max_time is None:
-                raise ValueError(
-                    "searcher.max_length is missing: say how long to train, "
-                    "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
-                )
+        no_length = self.searcher.max_length is None and self.searcher.max_steps is None
+        if no_length and (self.searcher.name != "adaptive_asha" or self.searcher.max_time is None):
+            raise ValueError(
+                "searcher.max_length is missing: say how long to train, "
+                "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
+            )
         return self
 
     @property

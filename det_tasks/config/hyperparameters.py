@@ -86,14 +86,14 @@ class CategoricalHP(_HP):
     vals: list[Any] = Field(min_length=1)
 
 
-HParam = Annotated[
-    ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP, Field(discriminator="type")
-]
+HParam = Annotated[ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP, Field(discriminator="type")]
 _HPARAM = TypeAdapter(HParam)
 _MAX_DEPTH = 16
 
 
-def parse_hyperparameters(raw: Any, depth: int = 0, path: str = "hyperparameters") -> dict[str, Any]:
+def parse_hyperparameters(
+    raw: Any, depth: int = 0, path: str = "hyperparameters"
+) -> dict[str, Any]:
     """Normalise a ``hyperparameters:`` mapping into a tree of HP models (raises ValueError)."""
     if not isinstance(raw, dict):
         raise ValueError(f"expected a mapping of names to values, got {type(raw).__name__}")

@@ -47,7 +47,7 @@ def parse_yaml_text(text: str, source: str) -> Any:
     if len(text.encode("utf-8", "replace")) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES} bytes; is this a config?")
     try:
-        return yaml.load(text, Loader=_GuardedLoader)  # noqa: S506 - SafeLoader subclass
+        return yaml.load(text, Loader=_GuardedLoader)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     except yaml.YAMLError as err:
@@ -195,9 +195,9 @@ def _short(value: Any) -> str:
 def _lookup(raw: Any, loc: list[Any]) -> Any:
     node = raw
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        ):
             node = node[part]
         else:
             return None

@@ -37,9 +37,12 @@ def autocast_module(module: torch.nn.Module, device: torch.device) -> torch.nn.M
     return module
 
 
-def make_grad_scaler(device: torch.device, loss_scale: float | str | None = None,
-                     min_loss_scale: float | None = None,
-                     max_loss_scale: float | None = 2.0**24) -> torch.amp.GradScaler:
+def make_grad_scaler(
+    device: torch.device,
+    loss_scale: float | str | None = None,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float | None = 2.0**24,
+) -> torch.amp.GradScaler:
     """A GradScaler for ``device``; a numeric ``loss_scale`` gives a static scale."""
     if loss_scale is None or loss_scale == "dynamic":
         return torch.amp.GradScaler(device.type)
@@ -51,7 +54,10 @@ def make_grad_scaler(device: torch.device, loss_scale: float | str | None = None
         ) from None
     # A static scale never grows or shrinks: growth_interval beyond any run, factors of 1.
     return torch.amp.GradScaler(
-        device.type, init_scale=scale, growth_factor=1.0 + 1e-12, backoff_factor=1.0 - 1e-12,
+        device.type,
+        init_scale=scale,
+        growth_factor=1.0 + 1e-12,
+        backoff_factor=1.0 - 1e-12,
         growth_interval=2**31 - 1,
     )
 

@@ -64,6 +64,7 @@ def _numpy_safe_globals() -> list[Any]:
 def capture_rng_state(device: torch.device) -> dict[str, Any]:
     """Python, numpy, torch CPU (and CUDA) RNG states, in weights_only-loadable types."""
     name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    assert isinstance(keys, np.ndarray)
     state: dict[str, Any] = {
         "cpu_rng_state": torch.random.get_rng_state(),
         "np_rng_state": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),

@@ -254,7 +254,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
                 f"wrap_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
         if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+            raise ValueError(
+                f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}"
+            )
         if average_aggregated_gradients is not None and (
             average_aggregated_gradients != self._settings.average_aggregated_gradients
         ):
@@ -340,8 +342,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
                     "configure_apex_amp: call it with optimizers returned by wrap_optimizer()"
                 )
         if _amp.plan_apex_amp(opt_level, enabled):
-            self.wrap_scaler(_amp.make_grad_scaler(self.device, loss_scale, min_loss_scale,
-                                                   max_loss_scale))
+            self.wrap_scaler(
+                _amp.make_grad_scaler(self.device, loss_scale, min_loss_scale, max_loss_scale)
+            )
             self.experimental._auto_amp = True
             for m in model_list:
                 _amp.autocast_module(m, self.device)

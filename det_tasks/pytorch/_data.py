@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections.abc
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from det_tasks.pytorch import samplers
 
 __all__ = ["DataLoader", "TorchData", "data_length", "to_device"]
 
-TorchData = Union[dict[str, torch.Tensor], Sequence[torch.Tensor], torch.Tensor]
+TorchData = dict[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 
 
 def to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
@@ -112,7 +112,7 @@ class DataLoader:
 
     def __len__(self) -> int:
         """Batches per epoch on one process."""
-        return len(self.make_batch_sampler(seed=0, rank=0, size=1))
+        return len(self.make_batch_sampler(seed=0, rank=0, size=1))  # type: ignore[arg-type]
 
     def make_batch_sampler(
         self, seed: int, rank: int, size: int, repeat: bool = False, skip: int = 0
@@ -129,9 +129,9 @@ class DataLoader:
             if self.sampler is not None:
                 sampler = self.sampler
             elif self.shuffle:
-                sampler = samplers.ReproducibleShuffleSampler(self.dataset, seed)
+                sampler = samplers.ReproducibleShuffleSampler(self.dataset, seed)  # type: ignore[arg-type]
             else:
-                sampler = torch.utils.data.SequentialSampler(self.dataset)
+                sampler = torch.utils.data.SequentialSampler(self.dataset)  # type: ignore[arg-type]
             assert self.batch_size is not None
             batch_sampler = torch.utils.data.BatchSampler(
                 sampler, self.batch_size, drop_last=self.drop_last

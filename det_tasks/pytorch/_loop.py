@@ -49,7 +49,7 @@ class FitOptions:
     max_length: TrainUnit
     checkpoint_period: TrainUnit | None = None
     validation_period: TrainUnit | None = None
-    reporting_period: TrainUnit = Batch(100)
+    reporting_period: TrainUnit = dataclasses.field(default_factory=lambda: Batch(100))
     checkpoint_policy: str = "best"
     latest_checkpoint: str | None = None
     step_zero_validation: bool = False
@@ -134,8 +134,9 @@ class TrialController:
             for cb in self.callbacks.values():
                 cb.on_training_epoch_start(epoch_idx)
         stepping = ctx._should_communicate_and_update()
-        with self._timer.phase(idx, "train_batch"), _parallel.no_sync(
-            ctx.models, active=self.dist.size > 1 and not stepping
+        with (
+            self._timer.phase(idx, "train_batch"),
+            _parallel.no_sync(ctx.models, active=self.dist.size > 1 and not stepping),
         ):
             metrics = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=idx)
         if stepping and ctx.experimental._auto_amp and ctx._scaler is not None:
@@ -169,8 +170,8 @@ class TrialController:
     def _at_boundaries(self) -> None:
         done, opts, n = self.batches_trained, self.options, self.epoch_len
         validate_due = opts.validation_period is not None and opts.validation_period.is_due(done, n)
-        checkpoint_due = (
-            opts.checkpoint_period is not None and opts.checkpoint_period.is_due(done, n)
+        checkpoint_due = opts.checkpoint_period is not None and opts.checkpoint_period.is_due(
+            done, n
         )
         if (
             opts.reporting_period.is_due(done, n)
@@ -249,7 +250,9 @@ class TrialController:
         ctx.experimental.reset_reducers()
         for name, value in avg.items():
             if isinstance(value, float) and not math.isfinite(value):
-                log.warning("training metric %r is %s at batch %d", name, value, self.batches_trained)
+                log.warning(
+                    "training metric %r is %s at batch %d", name, value, self.batches_trained
+                )
         for cb in self.callbacks.values():
             cb.on_training_workload_end(avg, batch_metrics)
         if self.dist.is_chief:
@@ -257,8 +260,13 @@ class TrialController:
 
     def _validate(self) -> None:
         self._report_training()
-        metrics = validate(self.trial, self.context, self._val_loader, self.callbacks,
-                           test_mode=self.options.test_mode)
+        metrics = validate(
+            self.trial,
+            self.context,
+            self._val_loader,
+            self.callbacks,
+            test_mode=self.options.test_mode,
+        )
         self.last_validation_batch = self.batches_trained
         self.latest_validation = metrics
         if self.dist.is_chief:
@@ -324,27 +332,34 @@ class TrialController:
         try:
             torch.save(state, staged / ckpt.STATE_FILE)
             trial_cls = type(self.trial)
-            ckpt.write_json(staged / ckpt.LOAD_DATA_FILE, {
-                "trial_type": "PyTorchTrial",
-                "trial_cls_spec": f"{trial_cls.__module__}:{trial_cls.__qualname__}",
-                "hparams": ctx.get_hparams(),
-                "experiment_config": ctx._settings.exp_conf,
-            })
+            ckpt.write_json(
+                staged / ckpt.LOAD_DATA_FILE,
+                {
+                    "trial_type": "PyTorchTrial",
+                    "trial_cls_spec": f"{trial_cls.__module__}:{trial_cls.__qualname__}",
+                    "hparams": ctx.get_hparams(),
+                    "experiment_config": ctx._settings.exp_conf,
+                },
+            )
             if ctx._settings.model_dir is not None:
                 ckpt.copy_code(Path(ctx._settings.model_dir), staged)
             for cb in self.callbacks.values():
                 if _overridden(cb, "on_checkpoint_end"):
                     cb.on_checkpoint_end(str(staged))
                 cb.on_checkpoint_write_end(str(staged))
-            metadata = ckpt.seal(staged, {
-                "det_tasks_version": __version__,
-                "torch_version": torch.__version__,
-                "steps_completed": self.batches_trained,
-                "trial_id": str(ctx.get_trial_id()),
-                "validation_metrics": self.latest_validation
-                if self.last_validation_batch == self.batches_trained else None,
-                "time": time.time(),
-            })
+            metadata = ckpt.seal(
+                staged,
+                {
+                    "det_tasks_version": __version__,
+                    "torch_version": torch.__version__,
+                    "steps_completed": self.batches_trained,
+                    "trial_id": str(ctx.get_trial_id()),
+                    "validation_metrics": self.latest_validation
+                    if self.last_validation_batch == self.batches_trained
+                    else None,
+                    "time": time.time(),
+                },
+            )
             uuid = self.store.publish(staged)
         except OSError as err:
             self.store.discard(staged)
@@ -374,7 +389,9 @@ class TrialController:
         self.last_checkpoint_batch = self.batches_trained
 
     def _install_before_step_hooks(self) -> None:
-        hooks = [cb for cb in self.callbacks.values() if _overridden(cb, "on_before_optimizer_step")]
+        hooks = [
+            cb for cb in self.callbacks.values() if _overridden(cb, "on_before_optimizer_step")
+        ]
         if hooks:
             warnings.warn(
                 "PyTorchCallback.on_before_optimizer_step is deprecated; pass clip_grads= to "
@@ -433,7 +450,7 @@ def load_state(
 
 def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
     is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    target = model.module if is_ddp else model
+    target: torch.nn.Module = model.module if is_ddp else model  # type: ignore[assignment]
     sd = dict(sd)
     torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "module.")
     try:

@@ -40,7 +40,7 @@ class LRScheduler:
         self._scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
-        return list(self._scheduler.get_last_lr())
+        return [float(lr) for lr in self._scheduler.get_last_lr()]
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._scheduler.state_dict())

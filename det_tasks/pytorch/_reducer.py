@@ -118,7 +118,9 @@ def reduce_batch_metrics(
                 f"evaluation_reducer() gave {reducer!r} for {key!r}; use a pytorch.Reducer "
                 "(AVG, SUM, MAX, MIN) or context.experimental.wrap_reducer for custom ones"
             )
-        values = [[_scalar(key, m[key]) for m in batches if key in m] for batches in per_slot_batches]
+        values = [
+            [_scalar(key, m[key]) for m in batches if key in m] for batches in per_slot_batches
+        ]
         out[key] = _combine(reducer, values)
     return out
 

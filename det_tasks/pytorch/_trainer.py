@@ -71,7 +71,11 @@ def init(
     conf = dict(exp_conf or {})
     optimizations = conf.get("optimizations") or {}
     conf_agg = optimizations.get("aggregation_frequency")
-    if aggregation_frequency is not None and conf_agg is not None and aggregation_frequency != conf_agg:
+    if (
+        aggregation_frequency is not None
+        and conf_agg is not None
+        and aggregation_frequency != conf_agg
+    ):
         raise ConfigError(
             f"aggregation_frequency={aggregation_frequency} was passed to init() but the "
             f"experiment config says optimizations.aggregation_frequency={conf_agg}; give one"
@@ -149,7 +153,9 @@ def store_from_config(exp_conf: dict[str, Any] | None) -> CheckpointStore:
         return LocalDirectoryStore("checkpoints")
     if kind == "shared_fs":
         base = Path(storage["host_path"])
-        return LocalDirectoryStore(base / storage["storage_path"] if storage.get("storage_path") else base)
+        return LocalDirectoryStore(
+            base / storage["storage_path"] if storage.get("storage_path") else base
+        )
     if kind == "directory":
         return LocalDirectoryStore(storage["container_path"])
     raise ConfigError(
@@ -209,7 +215,7 @@ class Trainer:
         checkpoint_period: TrainUnit | None = None,
         validation_period: TrainUnit | None = None,
         max_length: TrainUnit | None = None,
-        reporting_period: TrainUnit = Batch(100),
+        reporting_period: TrainUnit = Batch(100),  # noqa: B008 - immutable, as Determined
         checkpoint_policy: str = "best",
         latest_checkpoint: str | None = None,
         step_zero_validation: bool = False,
@@ -290,7 +296,9 @@ def _check_policy(policy: str) -> str:
         return policy
     close = difflib.get_close_matches(str(policy), _POLICIES, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"checkpoint_policy must be one of {', '.join(_POLICIES)}, got {policy!r}{hint}")
+    raise ValueError(
+        f"checkpoint_policy must be one of {', '.join(_POLICIES)}, got {policy!r}{hint}"
+    )
 
 
 def _profiling_from_config(conf: dict[str, Any]) -> ProfilerSettings | None:

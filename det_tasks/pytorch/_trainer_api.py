@@ -107,7 +107,9 @@ class TrainerAPIMixin:
                 )
             path = self._trial_checkpoint_resolver(trial_id)
         return load_trial_from_checkpoint_path(
-            path, trial_class=trial_class, trial_kwargs=trial_kwargs,
+            path,
+            trial_class=trial_class,
+            trial_kwargs=trial_kwargs,
             torch_load_kwargs={"map_location": str(self.device)},  # type: ignore[attr-defined]
         )
 
@@ -118,7 +120,11 @@ class TrainerAPIMixin:
         trial's single model applied to the batch's inputs (its first element).
         """
         ctx: PyTorchTrialContext = trial.context if hasattr(trial, "context") else self  # type: ignore[assignment]
-        loader = data_loader.get_data_loader() if hasattr(data_loader, "get_data_loader") else data_loader
+        loader = (
+            data_loader.get_data_loader()
+            if hasattr(data_loader, "get_data_loader")
+            else data_loader
+        )
         predict_batch = getattr(trial, "predict_batch", None)
         if predict_batch is None and len(ctx.models) != 1:
             raise TrialError(

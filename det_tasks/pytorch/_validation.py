@@ -111,9 +111,11 @@ def _full_dataset(trial: Any, context: PyTorchTrialContext, loader: Any) -> dict
     dist = context.distributed
     metrics: dict[str, Any] | None = None
     if dist.is_chief:
-        torch_loader = loader.get_data_loader(context.get_trial_seed()) if isinstance(
-            loader, DataLoader
-        ) else loader
+        torch_loader = (
+            loader.get_data_loader(context.get_trial_seed())
+            if isinstance(loader, DataLoader)
+            else loader
+        )
         result = trial.evaluate_full_dataset(data_loader=torch_loader)
         if not isinstance(result, dict):
             raise TrialError(

@@ -19,13 +19,27 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one trial in this process from an experiment config")
     run.add_argument("config", help="experiment config YAML (Determined's format)")
-    run.add_argument("model_dir", nargs="?", help="directory with the entrypoint's code "
-                     "(default: the config's directory)")
-    run.add_argument("--test", action="store_true",
-                     help="test mode: one training batch, one validation batch, one checkpoint")
-    run.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config field, e.g. hyperparameters.learning_rate=0.5")
-    run.add_argument("--checkpoint-dir", help="write checkpoints here instead of the config's storage")
+    run.add_argument(
+        "model_dir",
+        nargs="?",
+        help="directory with the entrypoint's code (default: the config's directory)",
+    )
+    run.add_argument(
+        "--test",
+        action="store_true",
+        help="test mode: one training batch, one validation batch, one checkpoint",
+    )
+    run.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. hyperparameters.learning_rate=0.5",
+    )
+    run.add_argument(
+        "--checkpoint-dir", help="write checkpoints here instead of the config's storage"
+    )
     run.add_argument("--resume", metavar="UUID_OR_PATH", help="continue from this checkpoint")
     run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -48,9 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from det_tasks.runner.local import run_trial
 
         result = run_trial(
-            args.config, args.model_dir, overrides=args.param, test_mode=args.test,
-            checkpoint_dir=args.checkpoint_dir, latest_checkpoint=args.resume,
-            device=args.device, progress=not args.no_progress,
+            args.config,
+            args.model_dir,
+            overrides=args.param,
+            test_mode=args.test,
+            checkpoint_dir=args.checkpoint_dir,
+            latest_checkpoint=args.resume,
+            device=args.device,
+            progress=not args.no_progress,
         )
     except DetTasksError as err:
         print(f"error: {err}", file=sys.stderr)

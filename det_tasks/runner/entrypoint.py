@@ -40,8 +40,11 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
     obj: object = module
     for part in class_path.split("."):
         if not hasattr(obj, part):
-            classes = [n for n, c in inspect.getmembers(module, inspect.isclass)
-                       if c.__module__ == module.__name__]
+            classes = [
+                n
+                for n, c in inspect.getmembers(module, inspect.isclass)
+                if c.__module__ == module.__name__
+            ]
             raise ConfigError(
                 f"entrypoint {entrypoint!r}: {module_name}.py has no {class_path!r}; "
                 f"classes defined there: {', '.join(classes) or 'none'}"

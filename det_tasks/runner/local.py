@@ -35,7 +35,9 @@ class RunResult:
     sink: InMemoryMetricsSink
 
 
-def load_raw_config(path: Path, overrides: list[str] | None) -> tuple[dict[str, Any], ExperimentConfig]:
+def load_raw_config(
+    path: Path, overrides: list[str] | None
+) -> tuple[dict[str, Any], ExperimentConfig]:
     """The raw mapping (what get_experiment_config() returns) and its validated form."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -74,41 +76,77 @@ def run_trial(
             "trains in one process; launch several workers with torchrun/horovodrun, or set "
             "resources.slots_per_trial: 1 (e.g. --param resources.slots_per_trial=1)"
         )
-    hparams = sample_hparams(config.hyperparameters, random.Random(config.reproducibility.experiment_seed))
+    hparams = sample_hparams(
+        config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
+    )
     store = _store(raw, checkpoint_dir)
     gbs = hparams.get("global_batch_size")
     max_length = _unit(config, config.max_length, gbs)
     memory = InMemoryMetricsSink()
     sinks: list[MetricsSink] = [memory]
     if progress:
-        total = max_length.value if isinstance(max_length, Batch) else None
+        total = (
+            max_length.value
+            if isinstance(max_length.value, int) and isinstance(max_length, Batch)
+            else None
+        )
         sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))
     if extra_sink is not None:
         sinks.append(extra_sink)
     sink = MultiSink(*sinks)
     try:
         if config.is_trial_class_entrypoint:
-            result = _fit_trial_class(config, raw, hparams, model_dir, store, sink, max_length,
-                                      test_mode, latest_checkpoint, device)
+            result = _fit_trial_class(
+                config,
+                raw,
+                hparams,
+                model_dir,
+                store,
+                sink,
+                max_length,
+                test_mode,
+                latest_checkpoint,
+                device,
+            )
         else:
             result = _run_script(config, raw, hparams, model_dir, store, sink, latest_checkpoint)
     finally:
         sink.close()
     _apply_retention(config, store, memory)
-    return RunResult(hparams, result[0], result[1],
-                     store.uri(result[1]) if result[1] else None, result[2], memory)
+    return RunResult(
+        hparams,
+        result[0],
+        result[1],
+        store.uri(result[1]) if result[1] else None,
+        result[2],
+        memory,
+    )
 
 
-def _fit_trial_class(config: ExperimentConfig, raw: dict[str, Any], hparams: dict[str, Any],
-                     model_dir: Path, store: CheckpointStore, sink: MetricsSink,
-                     max_length: TrainUnit, test_mode: bool, latest: str | None,
-                     device: str | None) -> tuple[int, str | None, dict[str, Any] | None]:
+def _fit_trial_class(
+    config: ExperimentConfig,
+    raw: dict[str, Any],
+    hparams: dict[str, Any],
+    model_dir: Path,
+    store: CheckpointStore,
+    sink: MetricsSink,
+    max_length: TrainUnit,
+    test_mode: bool,
+    latest: str | None,
+    device: str | None,
+) -> tuple[int, str | None, dict[str, Any] | None]:
     assert isinstance(config.entrypoint, str)
     trial_class = load_trial_class(config.entrypoint, model_dir)
     gbs = hparams.get("global_batch_size")
-    with init(hparams=hparams, exp_conf=raw, metrics_sink=sink, checkpoint_store=store,
-              device=device, seed=config.reproducibility.experiment_seed,
-              model_dir=model_dir) as context:
+    with init(
+        hparams=hparams,
+        exp_conf=raw,
+        metrics_sink=sink,
+        checkpoint_store=store,
+        device=device,
+        seed=config.reproducibility.experiment_seed,
+        model_dir=model_dir,
+    ) as context:
         trial = trial_class(context)
         trainer = Trainer(trial, context)
         result = trainer.fit(
@@ -123,9 +161,15 @@ def _fit_trial_class(config: ExperimentConfig, raw: dict[str, Any], hparams: dic
     return result.batches_trained, result.checkpoint_uuid, result.validation_metrics
 
 
-def _run_script(config: ExperimentConfig, raw: dict[str, Any], hparams: dict[str, Any],
-                model_dir: Path, store: CheckpointStore, sink: MetricsSink,
-                latest: str | None) -> tuple[int, str | None, dict[str, Any] | None]:
+def _run_script(
+    config: ExperimentConfig,
+    raw: dict[str, Any],
+    hparams: dict[str, Any],
+    model_dir: Path,
+    store: CheckpointStore,
+    sink: MetricsSink,
+    latest: str | None,
+) -> tuple[int, str | None, dict[str, Any] | None]:
     """A Trainer-API script, run in this process as ``__main__`` with cluster info set."""
     from det_tasks import compat
 
@@ -135,8 +179,13 @@ def _run_script(config: ExperimentConfig, raw: dict[str, Any], hparams: dict[str
         raise ConfigError(f"entrypoint script {str(script)!r} not found in {str(model_dir)!r}")
     compat.install()
     info = launch.ClusterInfo(
-        trial=launch.TrialInfo(trial_id="local", experiment_id="local", hparams=hparams,
-                               config=raw, trial_seed=config.reproducibility.experiment_seed),
+        trial=launch.TrialInfo(
+            trial_id="local",
+            experiment_id="local",
+            hparams=hparams,
+            config=raw,
+            trial_seed=config.reproducibility.experiment_seed,
+        ),
         latest_checkpoint=latest,
         checkpoint_dir=str(getattr(store, "root", "checkpoints")),
         model_dir=str(model_dir.resolve()),
@@ -177,11 +226,17 @@ def _unit(config: ExperimentConfig, length: Any, gbs: Any) -> Any:
     return unit
 
 
-def _apply_retention(config: ExperimentConfig, store: CheckpointStore,
-                     memory: InMemoryMetricsSink) -> None:
+def _apply_retention(
+    config: ExperimentConfig, store: CheckpointStore, memory: InMemoryMetricsSink
+) -> None:
     storage = config.checkpoint_storage
     if storage is None or not memory.checkpoints:
         return
-    collect_garbage(store, memory.checkpoints, storage.save_trial_latest,
-                    storage.save_trial_best, config.searcher.metric,
-                    config.searcher.smaller_is_better)
+    collect_garbage(
+        store,
+        memory.checkpoints,
+        storage.save_trial_latest,
+        storage.save_trial_best,
+        config.searcher.metric,
+        config.searcher.smaller_is_better,
+    )

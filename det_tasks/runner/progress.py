@@ -15,8 +15,13 @@ class ProgressSink:
     """Updates a tqdm bar at every training report; prints validations below it."""
 
     def __init__(self, total_batches: int | None, records_per_batch: int, enabled: bool = True):
-        self._bar = tqdm(total=total_batches, unit="batch", dynamic_ncols=True,
-                         disable=not enabled, file=sys.stderr)
+        self._bar = tqdm(
+            total=total_batches,
+            unit="batch",
+            dynamic_ncols=True,
+            disable=not enabled,
+            file=sys.stderr,
+        )
         self._records_per_batch = records_per_batch
         self._last_time = time.perf_counter()
         self._last_step = 0
@@ -36,8 +41,9 @@ class ProgressSink:
         self._bar.set_postfix(self._latest, refresh=True)
 
     def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
-        shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in metrics.items())
+        shown = ", ".join(
+            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+        )
         self._bar.write(f"validation @ batch {steps_completed}: {shown}")
 
     def report_checkpoint(self, steps_completed: int, uuid: str, metadata: dict[str, Any]) -> None:

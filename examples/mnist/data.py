@@ -30,7 +30,7 @@ def load_digits_28(validation_fraction: float = 0.2, seed: int = 0):
 def _read_idx(path: Path) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        _, dtype, ndim = struct.unpack(">HBB", f.read(4))
+        _, _dtype, ndim = struct.unpack(">HBB", f.read(4))
         shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
         return np.frombuffer(f.read(), dtype=np.uint8).reshape(shape)
 
@@ -52,5 +52,9 @@ def load_mnist_idx(directory: str):
     def labels(stem: str) -> torch.Tensor:
         return torch.tensor(_read_idx(find(stem)), dtype=torch.long)
 
-    return (images("train-images-idx3-ubyte"), labels("train-labels-idx1-ubyte"),
-            images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte"))
+    return (
+        images("train-images-idx3-ubyte"),
+        labels("train-labels-idx1-ubyte"),
+        images("t10k-images-idx3-ubyte"),
+        labels("t10k-labels-idx1-ubyte"),
+    )

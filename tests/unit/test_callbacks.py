@@ -9,10 +9,17 @@ from det_tasks.sinks import InMemoryMetricsSink
 from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import CountingCallback, OneVarTrial
 
-CKPT = [("on_checkpoint_save_start", None), ("on_checkpoint_write_end", None),
-        ("on_checkpoint_upload_end", None)]
-VALIDATE = [("on_validation_start", None), ("on_validation_epoch_start", None),
-            ("on_validation_epoch_end", 1), ("on_validation_end", None)]
+CKPT = [
+    ("on_checkpoint_save_start", None),
+    ("on_checkpoint_write_end", None),
+    ("on_checkpoint_upload_end", None),
+]
+VALIDATE = [
+    ("on_validation_start", None),
+    ("on_validation_epoch_start", None),
+    ("on_validation_epoch_end", 1),
+    ("on_validation_end", None),
+]
 
 
 class CallbackTrial(OneVarTrial):
@@ -45,15 +52,22 @@ def test_hook_order_with_epoch_validation_and_batch_checkpoints(tmp_path):
     )
     wl = "on_training_workload_end"
     expected = [
-        ("on_trial_startup", 0), ("on_training_start", None),
+        ("on_trial_startup", 0),
+        ("on_training_start", None),
         ("on_training_epoch_start", 0),
-        (wl, 2),                                   # batch 2: report
-        (wl, 1), *CKPT,                            # batch 3: checkpoint
-        ("on_training_epoch_end", 0), (wl, 1), *VALIDATE,  # batch 4: epoch end
+        (wl, 2),  # batch 2: report
+        (wl, 1),
+        *CKPT,  # batch 3: checkpoint
+        ("on_training_epoch_end", 0),
+        (wl, 1),
+        *VALIDATE,  # batch 4: epoch end
         ("on_training_epoch_start", 1),
-        (wl, 2), *CKPT,                            # batch 6: report + checkpoint
-        ("on_training_epoch_end", 1), (wl, 2), *VALIDATE,  # batch 8
-        *CKPT,                                     # end of training: final checkpoint
+        (wl, 2),
+        *CKPT,  # batch 6: report + checkpoint
+        ("on_training_epoch_end", 1),
+        (wl, 2),
+        *VALIDATE,  # batch 8
+        *CKPT,  # end of training: final checkpoint
         ("on_trial_shutdown", None),
     ]
     assert calls == expected
@@ -68,8 +82,9 @@ def test_hook_order_with_epoch_validation_and_batch_checkpoints(tmp_path):
     ],
 )
 def test_hook_counts(tmp_path, max_length, validation, checkpoint, validations, checkpoints):
-    calls = fit(tmp_path, max_length=max_length, validation_period=validation,
-                checkpoint_period=checkpoint)
+    calls = fit(
+        tmp_path, max_length=max_length, validation_period=validation, checkpoint_period=checkpoint
+    )
     names = [name for name, _ in calls]
     assert names.count("on_validation_end") == validations
     assert names.count("on_checkpoint_upload_end") == checkpoints
@@ -90,8 +105,10 @@ def test_shutdown_runs_when_training_raises(tmp_path):
                 raise RuntimeError("boom")
             return super().train_batch(batch, epoch_idx, batch_idx)
 
-    ctx = pytorch.init(hparams={"learning_rate": 0.1, "global_batch_size": 16},
-                       checkpoint_store=LocalDirectoryStore(tmp_path))
+    ctx = pytorch.init(
+        hparams={"learning_rate": 0.1, "global_batch_size": 16},
+        checkpoint_store=LocalDirectoryStore(tmp_path),
+    )
     trial = Exploding(ctx)
     with pytest.raises(RuntimeError, match="boom"):
         pytorch.Trainer(trial, ctx).fit(max_length=pytorch.Batch(5), checkpoint_policy="none")

@@ -53,18 +53,31 @@ def test_layout_matches_determined(trained):
     _, result, _ = trained
     path = Path(result.checkpoint_uri)
     assert sorted(p.name for p in path.iterdir()) == [
-        "code", "load_data.json", "metadata.json", "state_dict.pth"
+        "code",
+        "load_data.json",
+        "metadata.json",
+        "state_dict.pth",
     ]
     state = torch.load(path / "state_dict.pth", weights_only=True)
-    assert {"models_state_dict", "optimizers_state_dict", "lr_schedulers_state_dict",
-            "callbacks", "rng_state", "trial_state"} <= set(state)
+    assert {
+        "models_state_dict",
+        "optimizers_state_dict",
+        "lr_schedulers_state_dict",
+        "callbacks",
+        "rng_state",
+        "trial_state",
+    } <= set(state)
     load_data = json.loads((path / "load_data.json").read_text())
     assert load_data["trial_cls_spec"] == "model_def:XorTrial"
     assert load_data["hparams"]["hidden_size"] == 8
     metadata = json.loads((path / "metadata.json").read_text())
     assert metadata["format_version"] == 1 and metadata["steps_completed"] == 60
-    assert set(metadata["files"]) == {"state_dict.pth", "load_data.json", "code/model_def.py",
-                                      "code/const.yaml"}
+    assert set(metadata["files"]) == {
+        "state_dict.pth",
+        "load_data.json",
+        "code/model_def.py",
+        "code/const.yaml",
+    }
     assert (path / "code" / "model_def.py").read_text() == (MODEL_DIR / "model_def.py").read_text()
 
 
@@ -82,7 +95,8 @@ def test_load_our_checkpoint_without_trial_class(trained):
 def test_load_with_hparams_override_and_trial_class(trained, xor_module):
     _, result, _ = trained
     loaded = pytorch.load_trial_from_checkpoint_path(
-        result.checkpoint_uri, trial_class=xor_module.XorTrial,
+        result.checkpoint_uri,
+        trial_class=xor_module.XorTrial,
         hparams={"global_batch_size": 8, "hidden_size": 8, "learning_rate": 0.5},
     )
     assert loaded.context.get_hparam("learning_rate") == 0.5
@@ -102,11 +116,16 @@ def test_load_checkpoint_written_by_determined():
 
 def test_resume_from_determined_checkpoint_continues_at_its_step(tmp_path, xor_module):
     sink = InMemoryMetricsSink()
-    ctx = pytorch.init(hparams={"global_batch_size": 4, "hidden_size": 8, "learning_rate": 0.05},
-                       metrics_sink=sink, checkpoint_store=LocalDirectoryStore(tmp_path))
+    ctx = pytorch.init(
+        hparams={"global_batch_size": 4, "hidden_size": 8, "learning_rate": 0.05},
+        metrics_sink=sink,
+        checkpoint_store=LocalDirectoryStore(tmp_path),
+    )
     result = pytorch.Trainer(xor_module.XorTrial(ctx), ctx).fit(
-        max_length=pytorch.Batch(410), latest_checkpoint=str(DETERMINED_CKPT),
-        reporting_period=pytorch.Batch(5), checkpoint_policy="none",
+        max_length=pytorch.Batch(410),
+        latest_checkpoint=str(DETERMINED_CKPT),
+        reporting_period=pytorch.Batch(5),
+        checkpoint_policy="none",
     )
     assert result.batches_trained == 410
     assert [s for s, _ in sink.training] == [405, 410]
@@ -144,8 +163,9 @@ def test_truncated_file_is_refused(trained, tmp_path):
 
 
 def test_truncated_determined_checkpoint_names_the_file(tmp_path):
-    bad = _corrupt_copy(DETERMINED_CKPT, tmp_path / "det",
-                        lambda p: p.write_bytes(p.read_bytes()[:500]))
+    bad = _corrupt_copy(
+        DETERMINED_CKPT, tmp_path / "det", lambda p: p.write_bytes(p.read_bytes()[:500])
+    )
     with pytest.raises(CheckpointError, match=r"cannot read checkpoint file .*state_dict.pth"):
         pytorch.load_trial_from_checkpoint_path(str(bad))
 

@@ -38,8 +38,9 @@ class RegressionTrial(PyTorchTrial):
         return {"val_loss": nn.functional.mse_loss(self.model(x), y)}
 
     def build_training_data_loader(self):
-        return DataLoader(torch.utils.data.TensorDataset(X, Y),
-                          batch_size=self.context.get_per_slot_batch_size())
+        return DataLoader(
+            torch.utils.data.TensorDataset(X, Y), batch_size=self.context.get_per_slot_batch_size()
+        )
 
     def build_validation_data_loader(self):
         return DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=8)
@@ -71,7 +72,9 @@ def test_aggregation_frequency_from_experiment_config(tmp_path):
 
 def test_conflicting_aggregation_frequency_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="aggregation_frequency"):
-        pytorch.init(aggregation_frequency=4, exp_conf={"optimizations": {"aggregation_frequency": 2}})
+        pytorch.init(
+            aggregation_frequency=4, exp_conf={"optimizations": {"aggregation_frequency": 2}}
+        )
 
 
 def test_clip_grads_bounds_the_update(tmp_path):
@@ -86,8 +89,9 @@ def test_clip_grads_bounds_the_update(tmp_path):
             self.weights.append(self.model.weight.item())
             return loss
 
-    trial = train(tmp_path, Clipped, batches=3,
-                  hparams={"global_batch_size": 4, "learning_rate": 0.5})
+    trial = train(
+        tmp_path, Clipped, batches=3, hparams={"global_batch_size": 4, "learning_rate": 0.5}
+    )
     # Unclipped gradient is -2(1-w) (norm ~2): clipped to 0.01, each step moves w by lr*0.01.
     assert trial.weights == pytest.approx([0.005, 0.010, 0.015], abs=1e-7)
 
@@ -129,7 +133,9 @@ def test_configure_apex_amp_o1_maps_to_native_amp_and_o3_is_refused(tmp_path):
             self.model, self.opt = context.configure_apex_amp(self.model, self.opt, opt_level="O1")
 
     with pytest.warns(UserWarning, match="native torch.autocast"):
-        trial = train(tmp_path, Apex, batches=2, hparams={"global_batch_size": 4, "learning_rate": 0.1})
+        trial = train(
+            tmp_path, Apex, batches=2, hparams={"global_batch_size": 4, "learning_rate": 0.1}
+        )
     assert trial.context._scaler is not None
     assert trial.weights == pytest.approx([0.2, 0.36], abs=2e-2)
 
@@ -158,13 +164,19 @@ def test_lr_scheduler_step_modes(tmp_path):
                 if mode is pytorch.LRScheduler.StepMode.MANUAL_STEP and batch_idx == 5:
                     self.sched.step()
                 return super().train_batch(batch, epoch_idx, batch_idx)
+
         return Scheduled
 
     mode = pytorch.LRScheduler.StepMode
     # 32 records / 8 = 4 batches per epoch; aggregation 2 -> an optimizer step every 2 batches.
     for m in mode:
-        train(tmp_path / m.name, make(m, m.name), batches=8,
-              hparams={"global_batch_size": 8}, aggregation_frequency=2)
+        train(
+            tmp_path / m.name,
+            make(m, m.name),
+            batches=8,
+            hparams={"global_batch_size": 8},
+            aggregation_frequency=2,
+        )
     a = 0.3
     assert lrs["STEP_EVERY_BATCH"] == [a, a, a / 4, a / 4, a / 16, a / 16, a / 64, a / 64]
     assert lrs["STEP_EVERY_OPTIMIZER_STEP"] == [a, a, a / 2, a / 2, a / 4, a / 4, a / 8, a / 8]

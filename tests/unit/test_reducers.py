@@ -76,17 +76,22 @@ class FullDatasetTrial(OneVarTrial):
 
 def validate(trial_cls, tmp_path, batches=4):
     sink = InMemoryMetricsSink()
-    ctx = pytorch.init(hparams={"learning_rate": 0.1, "global_batch_size": 8}, metrics_sink=sink,
-                       checkpoint_store=LocalDirectoryStore(tmp_path))
-    pytorch.Trainer(trial_cls(ctx), ctx).fit(max_length=pytorch.Batch(batches),
-                                             reporting_period=pytorch.Batch(2),
-                                             checkpoint_policy="none")
+    ctx = pytorch.init(
+        hparams={"learning_rate": 0.1, "global_batch_size": 8},
+        metrics_sink=sink,
+        checkpoint_store=LocalDirectoryStore(tmp_path),
+    )
+    pytorch.Trainer(trial_cls(ctx), ctx).fit(
+        max_length=pytorch.Batch(batches),
+        reporting_period=pytorch.Batch(2),
+        checkpoint_policy="none",
+    )
     return sink
 
 
 def test_builtin_function_and_custom_reducers(tmp_path):
     sink = validate(ReducingTrial, tmp_path)
-    step, metrics = sink.validation[-1]
+    _step, metrics = sink.validation[-1]
     # Batch means are 2.5, 6.5, 10.5.
     assert metrics["avg"] == pytest.approx(6.5)
     assert metrics["sum"] == pytest.approx(19.5)

@@ -31,19 +31,22 @@ def run(tmp_path, max_batches, latest=None):
 def test_resume_mid_epoch_matches_uninterrupted_run(tmp_path):
     full_trial, full_sink, _ = run(tmp_path / "a", 30)
     # 96 records / 8 = 12 batches per epoch: batch 17 is mid-way through epoch 1.
-    first_trial, first_sink, first = run(tmp_path / "b", 17)
+    _first_trial, _first_sink, first = run(tmp_path / "b", 17)
     assert first.batches_trained == 17
-    resumed_trial, resumed_sink, resumed = run(tmp_path / "b", 30, latest=first.checkpoint_uuid)
+    resumed_trial, resumed_sink, _resumed = run(tmp_path / "b", 30, latest=first.checkpoint_uuid)
 
     full_after = [(s, m) for s, m in full_sink.training if s > 17]
     assert [s for s, _ in resumed_sink.training] == list(range(18, 31))
     assert resumed_sink.training == full_after  # loss, RNG draw and LR: exactly equal
     assert [m["lr"] for _, m in resumed_sink.training] == [m["lr"] for _, m in full_after]
-    for a, b in zip(full_trial.model.state_dict().values(),
-                    resumed_trial.model.state_dict().values()):
+    for a, b in zip(
+        full_trial.model.state_dict().values(), resumed_trial.model.state_dict().values()
+    ):
         assert torch.equal(a, b)
-    for a, b in zip(full_trial.opt.state_dict()["state"].values(),
-                    resumed_trial.opt.state_dict()["state"].values()):
+    for a, b in zip(
+        full_trial.opt.state_dict()["state"].values(),
+        resumed_trial.opt.state_dict()["state"].values(),
+    ):
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
 
 
@@ -73,10 +76,14 @@ def test_resume_does_not_replay_data(tmp_path):
     full = list(seen)
     seen.clear()
     ctx = pytorch.init(hparams=HPARAMS, seed=7, metrics_sink=sink, checkpoint_store=store)
-    first = pytorch.Trainer(Recording(ctx), ctx).fit(max_length=pytorch.Batch(5), checkpoint_policy="none")
+    first = pytorch.Trainer(Recording(ctx), ctx).fit(
+        max_length=pytorch.Batch(5), checkpoint_policy="none"
+    )
     seen.clear()
     ctx = pytorch.init(hparams=HPARAMS, seed=7, metrics_sink=sink, checkpoint_store=store)
     pytorch.Trainer(Recording(ctx), ctx).fit(
-        max_length=pytorch.Batch(24), checkpoint_policy="none", latest_checkpoint=first.checkpoint_uuid
+        max_length=pytorch.Batch(24),
+        checkpoint_policy="none",
+        latest_checkpoint=first.checkpoint_uuid,
     )
     assert seen == full[5:]

@@ -1,0 +1,45 @@
+# The two commands the README promises: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXTRAS ?= dev,examples
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install check lint typecheck test test-slow test-gpu demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+SOURCES := det_tasks registry flows infra tests bench examples
+
+lint: install
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck
+
+test: install
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+test-slow: install
+	$(BIN)/python -m pytest -m "slow and not gpu" -q
+
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -q
+
+demo: install
+	$(BIN)/det-tasks run examples/mnist/const.yaml
+
+bench: install
+	$(BIN)/python bench/harness_overhead.py
+
+clean:
+	rm -rf checkpoints runs .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from det_tasks.errors import TrialError
 from det_tasks.pytorch._callback import PyTorchCallback
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader, TorchData, data_length
@@ -31,13 +32,22 @@ class PyTorchTrial(abc.ABC):
     ) -> torch.Tensor | dict[str, Any]:
         """Forward, context.backward, context.step_optimizer; return metrics."""
 
-    @abc.abstractmethod
     def build_training_data_loader(self) -> DataLoader:
-        """The training data, as a det_tasks.pytorch.DataLoader."""
+        """The training data, as a det_tasks.pytorch.DataLoader.
 
-    @abc.abstractmethod
+        Not abstract: the Trainer-API form passes loaders to ``context.train`` instead.
+        """
+        raise TrialError(
+            f"{type(self).__name__} defines no build_training_data_loader(): define it, or "
+            "pass the training DataLoader to context.train(trial, train_data, val_data)"
+        )
+
     def build_validation_data_loader(self) -> DataLoader:
         """The validation data, as a det_tasks.pytorch.DataLoader."""
+        raise TrialError(
+            f"{type(self).__name__} defines no build_validation_data_loader(): define it, or "
+            "pass the validation DataLoader to context.train(trial, train_data, val_data)"
+        )
 
     def build_callbacks(self) -> dict[str, PyTorchCallback]:
         """Named callbacks; the name keys their state in checkpoints."""

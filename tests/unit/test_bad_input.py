@@ -158,11 +158,11 @@ def test_resume_from_missing_checkpoint(tmp_path):
 
 def test_unknown_hparam_names_the_defined_ones():
     ctx = pytorch.init(hparams={"learning_rate": 0.1, "global_batch_size": 4})
-    with pytest.raises(ValueError, match="'lr' is not defined.*global_batch_size, learning_rate"):
+    with pytest.raises(ValueError, match=r"'lr' is not defined.*global_batch_size, learning_rate"):
         ctx.get_hparam("lr")
 
 
 def test_wrap_model_type_error():
     ctx = pytorch.init(hparams={})
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         ctx.wrap_model(torch.zeros(3))  # type: ignore[arg-type]

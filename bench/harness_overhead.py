@@ -32,9 +32,17 @@ def make_model(kind: str) -> nn.Module:
     if kind == "mlp":
         return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     return nn.Sequential(  # the MNIST tutorial's CNN
-        nn.Conv2d(1, 32, 5), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Conv2d(32, 64, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(),
-        nn.Linear(16 * 64, 50), nn.ReLU(), nn.Dropout(0.5), nn.Linear(50, 10),
+        nn.Conv2d(1, 32, 5),
+        nn.MaxPool2d(2),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 5),
+        nn.MaxPool2d(2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 64, 50),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(50, 10),
     )
 
 
@@ -82,8 +90,11 @@ def plain_loop(args: argparse.Namespace, device: torch.device) -> float:
     model = make_model(args.model).to(device)
     opt = make_optimizer(args.model, model)
     loader = torch.utils.data.DataLoader(
-        make_data(args.model, args.records), batch_size=args.batch_size, shuffle=True,
-        drop_last=True, pin_memory=device.type == "cuda",
+        make_data(args.model, args.records),
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
     )
     total = torch.zeros((), device=device)
     step = 0
@@ -125,8 +136,9 @@ class BenchTrial(PyTorchTrial):
 
     def build_training_data_loader(self) -> DataLoader:
         data = make_data(self.context.get_hparam("model"), self.context.get_hparam("records"))
-        return DataLoader(data, batch_size=self.context.get_per_slot_batch_size(), shuffle=True,
-                          drop_last=True)
+        return DataLoader(
+            data, batch_size=self.context.get_per_slot_batch_size(), shuffle=True, drop_last=True
+        )
 
     def build_validation_data_loader(self) -> DataLoader:
         data = make_data(self.context.get_hparam("model"), self.context.get_per_slot_batch_size())
@@ -150,10 +162,15 @@ def harness(args: argparse.Namespace, device: torch.device) -> float:
     clock = _Clock(device)
     with tempfile.TemporaryDirectory() as tmp:
         ctx = pytorch.init(
-            hparams={"model": args.model, "records": args.records,
-                     "global_batch_size": args.batch_size},
-            metrics_sink=InMemoryMetricsSink(), checkpoint_store=LocalDirectoryStore(tmp),
-            device=str(device), seed=0,
+            hparams={
+                "model": args.model,
+                "records": args.records,
+                "global_batch_size": args.batch_size,
+            },
+            metrics_sink=InMemoryMetricsSink(),
+            checkpoint_store=LocalDirectoryStore(tmp),
+            device=str(device),
+            seed=0,
         )
         trial = BenchTrial(ctx)
         trial.build_callbacks = lambda: {"clock": clock}  # type: ignore[method-assign]
@@ -181,7 +198,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ways: dict[str, Callable[[argparse.Namespace, torch.device], float]] = {
-        "compute_only": compute_only, "plain_loop": plain_loop, "harness": harness,
+        "compute_only": compute_only,
+        "plain_loop": plain_loop,
+        "harness": harness,
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.repeats):
@@ -190,9 +209,11 @@ def main() -> None:
     ms = {name: 1000 * statistics.median(v) for name, v in times.items()}
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-                   f"thread(s), torch {torch.__version__}",
+        f"thread(s), torch {torch.__version__}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "model": args.model, "batch_size": args.batch_size, "steps": args.steps,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
         "ms_per_step": {k: round(v, 4) for k, v in ms.items()},
         "harness_over_plain": round(ms["harness"] / ms["plain_loop"], 3),
         "harness_over_compute": round(ms["harness"] / ms["compute_only"], 3),

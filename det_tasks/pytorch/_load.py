@@ -19,6 +19,7 @@ import torch
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch import _checkpoint as ckpt
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
+from det_tasks.pytorch._legacy import adapt_trial
 from det_tasks.uris import open_checkpoint_uri
 
 __all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
@@ -59,7 +60,7 @@ def load_trial_from_checkpoint_path(
             device=str(device),
         )
         context = CheckpointLoadContext(settings)
-        trial = trial_class(context, **(trial_kwargs or {}))
+        trial = adapt_trial(trial_class(context, **(trial_kwargs or {})), context)
         from det_tasks.pytorch._loop import load_state
 
         rng_free = {k: v for k, v in state.items() if k != "rng_state"}

@@ -331,7 +331,7 @@ class TrialController:
         staged = self.store.stage()
         try:
             torch.save(state, staged / ckpt.STATE_FILE)
-            trial_cls = type(self.trial)
+            trial_cls = getattr(self.trial, "_det_tasks_user_class", type(self.trial))
             ckpt.write_json(
                 staged / ckpt.LOAD_DATA_FILE,
                 {

@@ -23,6 +23,7 @@ from det_tasks.config.hyperparameters import sample_hparams
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
+from det_tasks.pytorch._legacy import adapt_trial
 from det_tasks.pytorch._loop import FitOptions, TrialController
 from det_tasks.pytorch._profiler import ProfilerSettings
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
@@ -196,7 +197,7 @@ class Trainer:
             raise TrialError(
                 f"{type(trial).__name__} is not a PyTorchTrial: it has no train_batch()"
             )
-        self._trial = trial
+        self._trial = adapt_trial(trial, context)
         self._context = context
         self._profiling: ProfilerSettings | None = None
 

@@ -48,7 +48,9 @@ class TrainerAPIMixin:
 
     def build_trial(self, trial_class: type, *args: Any, **kwargs: Any) -> Any:
         """``trial_class(context, ...)``."""
-        return trial_class(self, *args, **kwargs)
+        from det_tasks.pytorch._legacy import adapt_trial
+
+        return adapt_trial(trial_class(self, *args, **kwargs), self)
 
     def train(
         self,

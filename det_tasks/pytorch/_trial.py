@@ -71,7 +71,8 @@ class PyTorchTrial(abc.ABC):
 
 
 def _overrides(trial: Any, name: str) -> bool:
-    impl = getattr(type(trial), name, None)
+    cls = getattr(trial, "_det_tasks_user_class", type(trial))  # legacy adapters
+    impl = getattr(cls, name, None)
     return impl is not None and impl is not getattr(PyTorchTrial, name)
 
 

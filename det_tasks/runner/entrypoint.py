@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from det_tasks.errors import ConfigError, TrialError
 
-__all__ = ["load_trial_class", "parse_script_command"]
+__all__ = ["load_trial_class", "model_dir_on_path", "parse_script_command"]
 
 
 def load_trial_class(entrypoint: str, model_dir: Path) -> type:
@@ -26,7 +29,7 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
         )
     model_dir = model_dir.resolve()
     if str(model_dir) not in sys.path:
-        sys.path.insert(0, str(model_dir))
+        raise RuntimeError("load_trial_class must run inside model_dir_on_path(model_dir)")
     sys.modules.pop(module_name, None)
     try:
         module = importlib.import_module(module_name)
@@ -55,6 +58,24 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
             f"entrypoint {entrypoint!r} is not a PyTorchTrial subclass (it has no train_batch)"
         )
     return obj
+
+
+@contextlib.contextmanager
+def model_dir_on_path(model_dir: Path) -> Iterator[Path]:
+    """Import the user's modules from ``model_dir`` for the block, then forget them, so the
+    next run (another model directory) never picks up this one's ``model_def``."""
+    root = model_dir.resolve()
+    before = set(sys.modules)
+    sys.path.insert(0, str(root))
+    try:
+        yield root
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(root))
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file.startswith(str(root) + os.sep):
+                del sys.modules[name]
 
 
 def parse_script_command(entrypoint: str | list[str]) -> tuple[Path, list[str]]:

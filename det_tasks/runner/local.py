@@ -17,7 +17,11 @@ from det_tasks.gc import collect_garbage
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch._trainer import length_to_unit, store_from_config
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
-from det_tasks.runner.entrypoint import load_trial_class, parse_script_command
+from det_tasks.runner.entrypoint import (
+    load_trial_class,
+    model_dir_on_path,
+    parse_script_command,
+)
 from det_tasks.runner.progress import ProgressSink
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
@@ -95,8 +99,8 @@ def run_trial(
         sinks.append(extra_sink)
     sink = MultiSink(*sinks)
     try:
-        if config.is_trial_class_entrypoint:
-            result = _fit_trial_class(
+        with model_dir_on_path(model_dir):
+            result = _run(
                 config,
                 raw,
                 hparams,
@@ -108,8 +112,6 @@ def run_trial(
                 latest_checkpoint,
                 device,
             )
-        else:
-            result = _run_script(config, raw, hparams, model_dir, store, sink, latest_checkpoint)
     finally:
         sink.close()
     _apply_retention(config, store, memory)
@@ -121,6 +123,25 @@ def run_trial(
         result[2],
         memory,
     )
+
+
+def _run(
+    config: ExperimentConfig,
+    raw: dict[str, Any],
+    hparams: dict[str, Any],
+    model_dir: Path,
+    store: CheckpointStore,
+    sink: MetricsSink,
+    max_length: TrainUnit,
+    test_mode: bool,
+    latest: str | None,
+    device: str | None,
+) -> tuple[int, str | None, dict[str, Any] | None]:
+    if config.is_trial_class_entrypoint:
+        return _fit_trial_class(
+            config, raw, hparams, model_dir, store, sink, max_length, test_mode, latest, device
+        )
+    return _run_script(config, raw, hparams, model_dir, store, sink, latest)
 
 
 def _fit_trial_class(
@@ -191,9 +212,8 @@ def _run_script(
         model_dir=str(model_dir.resolve()),
     )
     memory = next(s for s in getattr(sink, "sinks", [sink]) if isinstance(s, InMemoryMetricsSink))
-    old_argv, old_path = sys.argv, list(sys.path)
+    old_argv = sys.argv
     sys.argv = [str(path), *args]
-    sys.path.insert(0, str(model_dir.resolve()))
     try:
         with launch.launched(info), launch.services(launch.RunServices(sink, store)):
             try:
@@ -202,7 +222,7 @@ def _run_script(
                 if exit_.code not in (0, None):
                     raise
     finally:
-        sys.argv, sys.path[:] = old_argv, old_path
+        sys.argv = old_argv
     steps = memory.checkpoints[-1].steps_completed if memory.checkpoints else 0
     uuid = memory.checkpoints[-1].uuid if memory.checkpoints else None
     validation = memory.validation[-1][1] if memory.validation else None

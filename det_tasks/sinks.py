@@ -84,6 +84,13 @@ class MultiSink:
         for sink in self.sinks:
             sink.report_profiling(steps_completed, timings_ms)
 
+    def report_progress(self, steps_completed: int, epochs: float) -> None:
+        """Optional on sinks: batches and epochs trained, at each training report."""
+        for sink in self.sinks:
+            progress = getattr(sink, "report_progress", None)
+            if progress is not None:
+                progress(steps_completed, epochs)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()

@@ -31,6 +31,10 @@ class CheckpointStore(Protocol):
     def discard(self, staged: Path) -> None:
         """Drop a staged directory after a failed write."""
 
+    def completed_uploads(self, wait: bool = False) -> list[str]:
+        """Published checkpoints whose bytes are now stored (publish may upload in the
+        background); each uuid is returned once. ``wait`` blocks for pending ones."""
+
     def restore(self, uuid: str) -> contextlib.AbstractContextManager[Path]:
         """A local directory holding the checkpoint's files, for the duration of the block."""
 
@@ -46,6 +50,7 @@ class LocalDirectoryStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
+        self._published: list[str] = []
 
     def stage(self) -> Path:
         staging = self.root / ".staging"
@@ -65,7 +70,12 @@ class LocalDirectoryStore:
         _fsync_tree(staged)
         os.rename(staged, self.root / uuid)
         _fsync_dir(self.root)
+        self._published.append(uuid)
         return uuid
+
+    def completed_uploads(self, wait: bool = False) -> list[str]:
+        done, self._published = self._published, []
+        return done
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)

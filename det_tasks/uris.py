@@ -8,11 +8,11 @@ entry-point group, so this package never imports them.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from det_tasks import plugins
 from det_tasks.errors import CheckpointError
 
 __all__ = ["open_checkpoint_uri", "register_resolver", "scheme_of"]
@@ -34,9 +34,9 @@ def scheme_of(reference: str) -> str | None:
 
 
 def _discover(scheme: str) -> Resolver | None:
-    for entry in importlib.metadata.entry_points(group="det_tasks.checkpoint_resolvers"):
-        if entry.name == scheme:
-            register_resolver(scheme, entry.load())
+    found = plugins.load_one("det_tasks.checkpoint_resolvers", scheme)
+    if found is not None:
+        register_resolver(scheme, found)
     return _RESOLVERS.get(scheme)
 
 

@@ -195,6 +195,7 @@ class TrialController:
             self._validate()
         if self.last_checkpoint_batch != done:
             self._checkpoint()
+        self._drain_uploads(wait=True)
 
     # ---- data ---------------------------------------------------------------------------
     def _build_data(self) -> None:
@@ -257,6 +258,10 @@ class TrialController:
             cb.on_training_workload_end(avg, batch_metrics)
         if self.dist.is_chief:
             self.sink.report_training(self.batches_trained, avg)
+            progress = getattr(self.sink, "report_progress", None)
+            if progress is not None:
+                progress(self.batches_trained, self.batches_trained / self.epoch_len)
+        self._drain_uploads(wait=False)
 
     def _validate(self) -> None:
         self._report_training()
@@ -302,8 +307,15 @@ class TrialController:
         uuid = self.dist.broadcast(uuid)
         self.latest_checkpoint_uuid = uuid
         self.last_checkpoint_batch = self.batches_trained
-        for cb in self.callbacks.values():
-            cb.on_checkpoint_upload_end(uuid)  # type: ignore[arg-type]
+        self._drain_uploads(wait=False)
+
+    def _drain_uploads(self, wait: bool) -> None:
+        """on_checkpoint_upload_end for every checkpoint whose upload finished (chief only)."""
+        if not self.dist.is_chief:
+            return
+        for uuid in self.store.completed_uploads(wait=wait):
+            for cb in self.callbacks.values():
+                cb.on_checkpoint_upload_end(uuid)
 
     def _state(self) -> dict[str, Any]:
         ctx = self.context

@@ -9,6 +9,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from det_tasks import plugins
 from det_tasks.errors import DetTasksError
 
 __all__ = ["main"]
@@ -45,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     check = sub.add_parser("check-config", help="validate an experiment config and print it")
     check.add_argument("config")
+    for register in plugins.load_all("det_tasks.cli").values():
+        register(sub)
     return parser
 
 
@@ -53,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     warnings.simplefilter("default", DeprecationWarning)
     try:
+        if getattr(args, "func", None) is not None:
+            return int(args.func(args))
         if args.command == "check-config":
             from det_tasks.config import load_config
 

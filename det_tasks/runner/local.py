@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import random
 import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
-from det_tasks import launch
+from det_tasks import launch, plugins
 from det_tasks.config import ExperimentConfig, apply_overrides, parse_config, sample_hparams
 from det_tasks.config.loader import parse_yaml_text
 from det_tasks.errors import ConfigError
@@ -83,45 +85,66 @@ def run_trial(
     hparams = sample_hparams(
         config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
     )
-    store = _store(raw, checkpoint_dir)
     gbs = hparams.get("global_batch_size")
     max_length = _unit(config, config.max_length, gbs)
-    memory = InMemoryMetricsSink()
-    sinks: list[MetricsSink] = [memory]
-    if progress:
-        total = (
-            max_length.value
-            if isinstance(max_length.value, int) and isinstance(max_length, Batch)
-            else None
+    platform = _platform_services(raw, config, hparams, model_dir, config_path, checkpoint_dir)
+    with platform as services:
+        store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
+        memory = InMemoryMetricsSink()
+        sinks: list[MetricsSink] = [memory]
+        if services is not None:
+            sinks.append(services.metrics_sink)
+        if progress:
+            total = max_length.value if isinstance(max_length, Batch) else None
+            sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))  # type: ignore[arg-type]
+        if extra_sink is not None:
+            sinks.append(extra_sink)
+        sink = MultiSink(*sinks)
+        try:
+            with model_dir_on_path(model_dir):
+                result = _run(
+                    config,
+                    raw,
+                    hparams,
+                    model_dir,
+                    store,
+                    sink,
+                    max_length,
+                    test_mode,
+                    latest_checkpoint,
+                    device,
+                )
+        finally:
+            sink.close()
+        if services is None:
+            _apply_retention(config, store, memory)
+        uri = store.uri(result[1]) if result[1] else None
+    return RunResult(hparams, result[0], result[1], uri, result[2], memory)
+
+
+def _platform_services(
+    raw: dict[str, Any],
+    config: ExperimentConfig,
+    hparams: dict[str, Any],
+    model_dir: Path,
+    config_path: Path,
+    checkpoint_dir: str | Path | None,
+) -> Any:
+    """MLflow + S3 when MLFLOW_TRACKING_URI is set (and no local checkpoint dir is forced)."""
+    if checkpoint_dir is not None or not os.environ.get("MLFLOW_TRACKING_URI"):
+        return contextlib.nullcontext(None)
+    factory = plugins.load_one("det_tasks.run_services", "mlflow")
+    if factory is None:
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI is set but the registry package is not installed: "
+            "pip install -e '.[platform]', or unset MLFLOW_TRACKING_URI to train locally"
         )
-        sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))
-    if extra_sink is not None:
-        sinks.append(extra_sink)
-    sink = MultiSink(*sinks)
-    try:
-        with model_dir_on_path(model_dir):
-            result = _run(
-                config,
-                raw,
-                hparams,
-                model_dir,
-                store,
-                sink,
-                max_length,
-                test_mode,
-                latest_checkpoint,
-                device,
-            )
-    finally:
-        sink.close()
-    _apply_retention(config, store, memory)
-    return RunResult(
+    return factory(
+        raw,
         hparams,
-        result[0],
-        result[1],
-        store.uri(result[1]) if result[1] else None,
-        result[2],
-        memory,
+        model_dir=model_dir.resolve(),
+        experiment_name=config.name or config_path.stem,
+        seed=config.reproducibility.experiment_seed,
     )
 
 

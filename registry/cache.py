@@ -1,0 +1,62 @@
+"""Remote checkpoints, downloaded once into a content-addressed cache.
+
+The cache key is the sha256 of the checkpoint's ``metadata.json`` (which lists every
+file's sha256), so two URIs for the same bytes share one copy and a changed checkpoint
+never reads a stale one. Downloads land in a temporary directory and are renamed into
+place, so a crash mid-download leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+
+from det_tasks.errors import CheckpointError
+from det_tasks.pytorch._checkpoint import METADATA_FILE, verify
+from registry.s3 import S3Location, download_prefix, explain
+
+__all__ = ["fetch_checkpoint"]
+
+
+def fetch_checkpoint(s3: Any, location: S3Location, cache_dir: Path) -> Path:
+    """A verified local copy of the checkpoint stored under ``location``."""
+    try:
+        head = s3.get_object(Bucket=location.bucket, Key=location.key(METADATA_FILE))
+        metadata = head["Body"].read()
+    except botocore.exceptions.ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            raise CheckpointError(
+                f"{location.uri} holds no complete checkpoint ({METADATA_FILE} is missing: "
+                "it was never written, is still uploading, or was deleted)"
+            ) from None
+        raise explain(err, location.uri) from None
+    except botocore.exceptions.BotoCoreError as err:
+        raise explain(err, location.uri) from None
+    key = hashlib.sha256(metadata).hexdigest()
+    target = cache_dir / "checkpoints" / key
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
+    try:
+        download_prefix(s3, location, tmp)
+        if hashlib.sha256((tmp / METADATA_FILE).read_bytes()).hexdigest() != key:
+            raise CheckpointError(f"{location.uri} changed while it was being downloaded")
+        verify(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():  # lost a race with another download of the same bytes
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

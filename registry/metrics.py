@@ -1,0 +1,224 @@
+"""The MLflow metrics sink: asynchronous, batched, and exactly-once across outages.
+
+The training thread only enqueues (reports arrive at reporting boundaries, never per
+step). A background thread sends ``log_batch`` requests of at most 1000 metrics. When the
+server is unreachable, batches wait in memory (spilled to disk past a bound) and are
+retried with backoff; a batch whose request failed midway is first checked against the
+server's metric history, so a point the server did store is not sent twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import threading
+import time
+import uuid as uuid_lib
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+__all__ = ["MlflowMetricsSink"]
+
+log = logging.getLogger(__name__)
+MAX_BATCH = 1000
+MAX_BATCH_BYTES = 900_000
+
+
+class _Batch:
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+        self.uncertain = False  # a request for it failed: the server may hold some points
+
+
+class MlflowMetricsSink:
+    """MetricsSink over one MLflow run (a trial's child run)."""
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        run_id: str,
+        *,
+        spill_dir: Path,
+        memory_limit: int = 200_000,
+        flush_interval_s: float = 0.5,
+        close_timeout_s: float = 120.0,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self._queue: queue.Queue[list[Metric] | None] = queue.Queue()
+        self._pending: collections.deque[_Batch] = collections.deque()
+        self._pending_points = 0
+        self._spill_dir = spill_dir
+        self._spilled: collections.deque[Path] = collections.deque()
+        self._memory_limit = memory_limit
+        self._flush_interval = flush_interval_s
+        self._close_timeout = close_timeout_s
+        self._closed = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self.sent_points = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="mlflow-metrics", daemon=True)
+        self._thread.start()
+
+    # ---- MetricsSink (called on the training thread: enqueue only) ---------------------
+    def report_training(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        self._enqueue("training", steps_completed, metrics)
+
+    def report_validation(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        self._enqueue("validation", steps_completed, metrics)
+
+    def report_progress(self, steps_completed: int, epochs: float) -> None:
+        self._enqueue("progress", steps_completed, {"batches": steps_completed, "epochs": epochs})
+
+    def report_checkpoint(self, steps_completed: int, uuid: str, metadata: dict[str, Any]) -> None:
+        """Recorded by the checkpoint store once the bytes are uploaded."""
+
+    def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
+        self._enqueue("profiling", steps_completed, timings_ms)
+
+    def _enqueue(self, group: str, step: int, metrics: dict[str, Any]) -> None:
+        now = int(time.time() * 1000)
+        points = [
+            Metric(f"{group}/{k}", float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        if points:
+            self._idle.clear()
+            self._queue.put(points)
+
+    # ---- background sending -------------------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            self._absorb_queue(timeout=self._flush_interval)
+            if self._has_work():
+                if self._send_one():
+                    backoff = 0.5
+                else:
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                continue
+            self._idle.set()
+            if self._closed.is_set() and self._queue.empty():
+                return
+
+    def _absorb_queue(self, timeout: float) -> None:
+        try:
+            item = self._queue.get(timeout=timeout if not self._has_work() else 0.001)
+        except queue.Empty:
+            return
+        items = [item]
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        points = [m for batch in items if batch for m in batch]
+        for start in range(0, len(points), MAX_BATCH):
+            self._pending.append(_Batch(points[start : start + MAX_BATCH]))
+            self._pending_points += len(points[start : start + MAX_BATCH])
+        self._spill_if_needed()
+
+    def _has_work(self) -> bool:
+        return bool(self._pending or self._spilled)
+
+    def _next_batch(self) -> _Batch:
+        if self._spilled:  # oldest first: spilled batches precede those in memory
+            path = self._spilled[0]
+            rows = json.loads(path.read_text())
+            batch = _Batch(
+                [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows["metrics"]]
+            )
+            batch.uncertain = rows["uncertain"]
+            return batch
+        return self._pending[0]
+
+    def _send_one(self) -> bool:
+        batch = self._next_batch()
+        try:
+            if batch.uncertain:
+                batch.metrics = self._not_yet_stored(batch.metrics)
+            if batch.metrics:
+                self.client.log_batch(self.run_id, metrics=batch.metrics)
+        except Exception as err:  # unreachable server, 5xx, timeouts: keep and retry
+            self.failures += 1
+            batch.uncertain = True
+            if self._spilled:
+                self._rewrite_spilled(batch)
+            log.warning(
+                "MLflow unreachable (%s); %d metric batches waiting",
+                type(err).__name__,
+                len(self._pending) + len(self._spilled),
+            )
+            return False
+        self.sent_points += len(batch.metrics)
+        if self._spilled:
+            self._spilled.popleft().unlink(missing_ok=True)
+        else:
+            self._pending.popleft()
+            self._pending_points -= len(batch.metrics)
+        return True
+
+    def _not_yet_stored(self, metrics: list[Metric]) -> list[Metric]:
+        keys = {m.key for m in metrics}
+        stored = set()
+        for key in keys:
+            for m in self.client.get_metric_history(self.run_id, key):
+                stored.add((m.key, m.step, m.timestamp, m.value))
+        return [m for m in metrics if (m.key, m.step, m.timestamp, m.value) not in stored]
+
+    def _spill_if_needed(self) -> None:
+        while self._pending_points > self._memory_limit and len(self._pending) > 1:
+            batch = self._pending.popleft()
+            self._pending_points -= len(batch.metrics)
+            self._spill_dir.mkdir(parents=True, exist_ok=True)
+            path = self._spill_dir / f"{time.time_ns()}-{uuid_lib.uuid4().hex}.json"
+            self._write(path, batch)
+            self._spilled.append(path)
+
+    def _rewrite_spilled(self, batch: _Batch) -> None:
+        self._write(self._spilled[0], batch)
+
+    @staticmethod
+    def _write(path: Path, batch: _Batch) -> None:
+        rows = {
+            "uncertain": batch.uncertain,
+            "metrics": [
+                {"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}
+                for m in batch.metrics
+            ],
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(path)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything enqueued so far has reached the server."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._close_timeout)
+        while time.monotonic() < deadline:
+            if self._queue.empty() and not self._has_work() and self._idle.is_set():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        done = self.flush()
+        self._closed.set()
+        self._thread.join(timeout=5)
+        if not done:
+            waiting = len(self._pending) + len(self._spilled)
+            log.error(
+                "MLflow did not come back within %.0fs: %d metric batches not sent "
+                "(spill directory %s)",
+                self._close_timeout,
+                waiting,
+                self._spill_dir,
+            )

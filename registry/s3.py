@@ -1,0 +1,184 @@
+"""S3 access for checkpoint bytes: multipart uploads, safe downloads, idempotent deletes,
+and errors that name the bucket, the endpoint and what to check."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+
+from det_tasks.errors import CheckpointError
+
+__all__ = [
+    "S3Location",
+    "client",
+    "delete_prefix",
+    "download_prefix",
+    "explain",
+    "parse_s3_uri",
+    "upload_dir",
+]
+
+TRANSFER = TransferConfig(
+    multipart_threshold=16 * 2**20,
+    multipart_chunksize=16 * 2**20,
+    max_concurrency=8,
+    use_threads=True,
+)
+
+
+class S3Location:
+    def __init__(self, bucket: str, prefix: str) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+
+def parse_s3_uri(uri: str) -> S3Location:
+    if not uri.startswith("s3://"):
+        raise CheckpointError(f"{uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[5:].partition("/")
+    if not bucket:
+        raise CheckpointError(f"{uri!r} names no bucket")
+    return S3Location(bucket, prefix)
+
+
+def client(endpoint_url: str | None = None) -> Any:
+    endpoint = (
+        endpoint_url
+        or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=botocore.config.Config(
+            retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60
+        ),
+    )
+
+
+def explain(err: Exception, where: str) -> CheckpointError:
+    """A boto error as a message that says what to check."""
+    endpoint = os.environ.get("MLFLOW_S3_ENDPOINT_URL") or "AWS S3"
+    if isinstance(err, botocore.exceptions.ClientError):
+        code = err.response.get("Error", {}).get("Code", "")
+        hints = {
+            "InvalidAccessKeyId": "the access key is unknown: check AWS_ACCESS_KEY_ID",
+            "SignatureDoesNotMatch": "the secret key is wrong: check AWS_SECRET_ACCESS_KEY",
+            "NoSuchBucket": "the bucket does not exist: create it or fix the bucket name",
+            "AccessDenied": "the credentials may not access it: check the key's permissions",
+            "404": "nothing is stored there: check the URI",
+            "NoSuchKey": "nothing is stored there: check the URI",
+        }
+        hint = hints.get(code, err.response.get("Error", {}).get("Message", code))
+        return CheckpointError(f"S3 request for {where} at {endpoint} failed ({code}): {hint}")
+    if isinstance(err, botocore.exceptions.EndpointConnectionError):
+        return CheckpointError(
+            f"S3 endpoint {endpoint} is unreachable for {where}: is the object store up "
+            "(make up) and MLFLOW_S3_ENDPOINT_URL right?"
+        )
+    if isinstance(err, botocore.exceptions.NoCredentialsError):
+        return CheckpointError(
+            f"no S3 credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(source .stack/env for the local stack)"
+        )
+    return CheckpointError(f"S3 request for {where} at {endpoint} failed: {err}")
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            yield path
+
+
+def upload_dir(s3: Any, local: Path, location: S3Location, last: str | None = None) -> None:
+    """Upload every file under ``local``; ``last`` (a relative name) goes after the rest, as
+    a commit marker: a reader that finds it knows every other file is complete."""
+    files = [p for p in _files(local) if p.relative_to(local).as_posix() != last]
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(
+                pool.map(
+                    lambda p: s3.upload_file(
+                        str(p),
+                        location.bucket,
+                        location.key(p.relative_to(local).as_posix()),
+                        Config=TRANSFER,
+                    ),
+                    files,
+                )
+            )
+        if last is not None and (local / last).exists():
+            s3.upload_file(str(local / last), location.bucket, location.key(last), Config=TRANSFER)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        raise explain(err, location.uri) from None
+    except boto3.exceptions.S3UploadFailedError as err:
+        cause = err.__cause__ or err.__context__ or err
+        raise explain(cause if isinstance(cause, Exception) else err, location.uri) from None
+
+
+def list_keys(s3: Any, location: S3Location) -> list[str]:
+    keys: list[str] = []
+    prefix = location.prefix + "/" if location.prefix else ""
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=location.bucket, Prefix=prefix
+        ):
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        raise explain(err, location.uri) from None
+    return keys
+
+
+def safe_relative(key: str, prefix: str) -> str:
+    """The key below ``prefix``, refusing absolute paths and ``..`` (path traversal)."""
+    rel = key[len(prefix) :].lstrip("/") if prefix else key
+    parts = PurePosixPath(rel).parts
+    if not rel or rel.startswith("/") or any(p in ("..", "") for p in parts) or "\\" in rel:
+        raise CheckpointError(
+            f"refusing checkpoint object {key!r}: its path escapes the checkpoint"
+        )
+    return rel
+
+
+def download_prefix(s3: Any, location: S3Location, dest: Path) -> list[str]:
+    """Download every object under the prefix into ``dest``; returns the relative names."""
+    keys = list_keys(s3, location)
+    if not keys:
+        raise CheckpointError(f"nothing is stored at {location.uri}: check the URI")
+    names = []
+    for key in keys:
+        rel = safe_relative(key, location.prefix)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            s3.download_file(location.bucket, key, str(target), Config=TRANSFER)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+            raise explain(err, f"s3://{location.bucket}/{key}") from None
+        names.append(rel)
+    return names
+
+
+def delete_prefix(s3: Any, location: S3Location) -> int:
+    """Delete everything under the prefix; a missing object is not an error."""
+    keys = list_keys(s3, location)
+    for start in range(0, len(keys), 1000):
+        chunk = [{"Key": k} for k in keys[start : start + 1000]]
+        try:
+            s3.delete_objects(Bucket=location.bucket, Delete={"Objects": chunk, "Quiet": True})
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+            raise explain(err, location.uri) from None
+    return len(keys)

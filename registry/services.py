@@ -1,0 +1,92 @@
+"""MLflow + S3 services for one trial run: what ``det-tasks run`` (and the flows) plug into
+the harness when MLFLOW_TRACKING_URI is set."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid as uuid_lib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from det_tasks.launch import RunServices
+from registry import s3 as s3_lib
+from registry.checkpoints import S3CheckpointStore
+from registry.gc import collect_experiment_garbage
+from registry.metrics import MlflowMetricsSink
+from registry.models import trial_runs
+from registry.plots import log_learning_curves
+from registry.settings import RegistrySettings
+from registry.tracking import ExperimentRuns, client_for
+
+__all__ = ["code_version", "trial_services"]
+
+
+def code_version(model_dir: Path) -> str:
+    """A short hash of the model directory's files (what code produced a run)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        if "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        digest.update(path.relative_to(model_dir).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def trial_services(
+    raw_config: dict[str, Any],
+    hparams: dict[str, Any],
+    *,
+    model_dir: Path,
+    experiment_name: str,
+    trial_id: str = "1",
+    experiment_run_key: str | None = None,
+    seed: int = 0,
+) -> Iterator[RunServices]:
+    """An MLflow child run (metrics sink) and its S3 checkpoint store, ended on exit."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise RuntimeError("trial_services needs MLFLOW_TRACKING_URI")
+    client = client_for(settings.tracking_uri)
+    runs = ExperimentRuns(
+        client, experiment_name, experiment_run_key or uuid_lib.uuid4().hex, raw_config
+    )
+    entrypoint = raw_config.get("entrypoint")
+    run_id = runs.trial_run(
+        trial_id,
+        hparams,
+        {
+            "det.seed": str(seed),
+            "det.code_version": code_version(model_dir),
+            "det.entrypoint": str(entrypoint),
+            "det.user": os.environ.get("USER", ""),
+        },
+    )
+    s3 = s3_lib.client(settings.s3_endpoint)
+    sink = MlflowMetricsSink(client, run_id, spill_dir=settings.cache_dir / "spill" / run_id)
+    store = S3CheckpointStore(
+        client,
+        s3,
+        run_id,
+        artifacts_destination=settings.artifacts_destination,
+        cache_dir=settings.cache_dir,
+    )
+    status = "FAILED"
+    try:
+        yield RunServices(metrics_sink=sink, checkpoint_store=store)
+        status = "FINISHED"
+    finally:
+        store.close()
+        sink.close()
+        runs.finish(run_id, status)
+        parent = client.get_run(runs.parent_run_id)
+        trials = trial_runs(client, parent)
+        if status == "FINISHED":
+            collect_experiment_garbage(client, s3, parent, trials)
+            metric = (raw_config.get("searcher") or {}).get("metric")
+            if metric:
+                log_learning_curves(client, runs.parent_run_id, trials, metric)
+        runs.finish(runs.parent_run_id, status)

@@ -1,0 +1,39 @@
+"""Where the registry's services are, read once from the environment.
+
+The names are the ones MLflow and boto3 already use (MLFLOW_TRACKING_URI,
+MLFLOW_S3_ENDPOINT_URL, AWS_*), so pointing the platform at AWS S3 or a remote MLflow
+is a matter of setting them; ``python -m infra.stack env`` prints them for the local stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+__all__ = ["RegistrySettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistrySettings:
+    tracking_uri: str | None
+    s3_endpoint: str | None
+    bucket: str | None
+    artifacts_destination: str | None
+    cache_dir: Path
+
+    @classmethod
+    def from_env(cls) -> RegistrySettings:
+        cache = os.environ.get("DET_TASKS_CACHE_DIR") or Path.home() / ".cache" / "det_tasks"
+        return cls(
+            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+            s3_endpoint=os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+            or os.environ.get("AWS_ENDPOINT_URL"),
+            bucket=os.environ.get("DET_TASKS_S3_BUCKET"),
+            artifacts_destination=os.environ.get("DET_TASKS_MLFLOW_ARTIFACTS"),
+            cache_dir=Path(cache),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tracking_uri)

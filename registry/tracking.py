@@ -1,0 +1,130 @@
+"""MLflow experiments and runs: one experiment per config name, a parent run per experiment
+run, a nested child run per trial. Re-entrant: asking again for the same trial (a retry,
+a resumed flow) returns the same run instead of a duplicate."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from det_tasks.config.hyperparameters import flatten_hparams
+
+__all__ = ["TRIAL_TAG", "ExperimentRuns", "client_for", "flat_params"]
+
+TRIAL_TAG = "det.trial_id"
+EXPERIMENT_RUN_TAG = "det.experiment_run"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def client_for(tracking_uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def flat_params(hparams: dict[str, Any], raw_config: dict[str, Any]) -> dict[str, str]:
+    """Hyperparameters plus the searcher and resources settings, as MLflow params."""
+    params = {f"hp.{k}": v for k, v in flatten_hparams(hparams).items()}
+    for section in ("searcher", "resources"):
+        value = raw_config.get(section)
+        if isinstance(value, dict):
+            params.update({f"{section}.{k}": v for k, v in flatten_hparams(value).items()})
+    return {
+        k: (json.dumps(v) if isinstance(v, dict | list) else str(v))[:6000]
+        for k, v in params.items()
+    }
+
+
+class ExperimentRuns:
+    """The MLflow side of one experiment run: its experiment, parent run and trial runs."""
+
+    def __init__(
+        self, client: MlflowClient, experiment_name: str, run_key: str, raw_config: dict[str, Any]
+    ) -> None:
+        self.client = client
+        self.experiment_id = _experiment(client, experiment_name)
+        self.raw_config = raw_config
+        self.parent_run_id = self._find_or_create(
+            {EXPERIMENT_RUN_TAG: run_key},
+            run_name=f"{experiment_name}-{run_key[:8]}",
+            tags=self._parent_tags(run_key),
+        )
+
+    def _parent_tags(self, run_key: str) -> dict[str, str]:
+        searcher = self.raw_config.get("searcher") or {}
+        return {
+            EXPERIMENT_RUN_TAG: run_key,
+            "det.searcher.metric": str(searcher.get("metric", "")),
+            "det.searcher.smaller_is_better": str(searcher.get("smaller_is_better", True)),
+            "det.config": json.dumps(self.raw_config, default=str)[:7900],
+        }
+
+    def trial_run(self, trial_id: str, hparams: dict[str, Any], tags: dict[str, str]) -> str:
+        """The child run of ``trial_id``, created once with its params and tags."""
+        run_id = self._find({TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id})
+        if run_id:
+            return run_id
+        run_id = self._find_or_create(
+            {TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id},
+            run_name=f"trial-{trial_id}",
+            tags={TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id, **tags},
+        )
+        params = [Param(k, v) for k, v in flat_params(hparams, self.raw_config).items()]
+        for start in range(0, len(params), 100):
+            _retry(
+                lambda chunk=params[start : start + 100]: self.client.log_batch(  # type: ignore[misc]
+                    run_id, params=chunk
+                )
+            )
+        return run_id
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        _retry(lambda: self.client.set_terminated(run_id, status=status))
+
+    def _find(self, tags: dict[str, str]) -> str | None:
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
+        return runs[0].info.run_id if runs else None
+
+    def _find_or_create(self, match: dict[str, str], run_name: str, tags: dict[str, str]) -> str:
+        found = self._find(match)
+        if found:
+            return found
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        return str(run.info.run_id)
+
+    def log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
+        self.client.log_batch(run_id, metrics=metrics)
+
+    @staticmethod
+    def status_of(client: MlflowClient, run_id: str) -> str:
+        return str(RunStatus.to_string(client.get_run(run_id).info.status))  # type: ignore[arg-type]
+
+
+def _experiment(client: MlflowClient, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return str(found.experiment_id)
+    try:
+        return str(client.create_experiment(name))
+    except MlflowException:  # created concurrently by another trial
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return str(found.experiment_id)
+
+
+def _retry(fn: Any, attempts: int = 5) -> Any:
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except MlflowException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * 2**attempt)
+    return None

@@ -1,0 +1,124 @@
+"""Checkpoint URIs for ``load_trial_from_checkpoint_path``: ``s3://bucket/prefix``,
+``runs:/<run_id>/<path>``, ``models:/<name>/<version>`` and ``models:/<name>@<alias>``.
+
+Registered with det_tasks through the ``det_tasks.checkpoint_resolvers`` entry points, so
+det_tasks resolves them without importing MLflow or boto3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+from det_tasks.errors import CheckpointError
+from registry import s3 as s3_lib
+from registry.cache import fetch_checkpoint
+from registry.settings import RegistrySettings
+from registry.tracking import client_for
+
+__all__ = ["models_uri_source", "resolve_models", "resolve_runs", "resolve_s3", "to_s3_location"]
+
+
+def _settings() -> RegistrySettings:
+    return RegistrySettings.from_env()
+
+
+def to_s3_location(uri: str) -> s3_lib.S3Location:
+    """Where the bytes behind any supported URI live."""
+    if uri.startswith("s3://"):
+        return s3_lib.parse_s3_uri(uri)
+    if uri.startswith("runs:/"):
+        return _runs_location(uri)
+    if uri.startswith("models:/"):
+        return to_s3_location(models_uri_source(uri))
+    raise CheckpointError(f"{uri!r}: unsupported checkpoint URI scheme")
+
+
+def _client():  # type: ignore[no-untyped-def]
+    settings = _settings()
+    if not settings.tracking_uri:
+        raise CheckpointError(
+            "MLFLOW_TRACKING_URI is not set: runs:/ and models:/ URIs need the MLflow server "
+            "(source .stack/env after `make up`)"
+        )
+    return client_for(settings.tracking_uri)
+
+
+def _runs_location(uri: str) -> s3_lib.S3Location:
+    rest = uri[len("runs:/") :].lstrip("/")
+    run_id, _, path = rest.partition("/")
+    if not run_id or not path:
+        raise CheckpointError(f"{uri!r} is not of the form runs:/<run_id>/<path>")
+    client = _client()
+    try:
+        artifact_uri = client.get_run(run_id).info.artifact_uri
+    except MlflowException as err:
+        raise CheckpointError(
+            f"{uri!r}: MLflow at {_settings().tracking_uri} has no run {run_id!r} "
+            f"({err.error_code})"
+        ) from None
+    except Exception as err:
+        raise CheckpointError(
+            f"{uri!r}: MLflow at {_settings().tracking_uri} is unreachable ({type(err).__name__});"
+            " is the server up?"
+        ) from None
+    if artifact_uri.startswith("s3://"):
+        base = artifact_uri
+    elif artifact_uri.startswith("mlflow-artifacts:"):
+        destination = _settings().artifacts_destination
+        if not destination:
+            raise CheckpointError(
+                f"{uri!r}: the run's artifacts are proxied; set DET_TASKS_MLFLOW_ARTIFACTS to "
+                "the server's --artifacts-destination"
+            )
+        base = f"{destination.rstrip('/')}/{artifact_uri.split(':', 1)[1].lstrip('/')}"
+    else:
+        raise CheckpointError(f"{uri!r}: run artifacts at {artifact_uri!r} are not in S3")
+    location = s3_lib.parse_s3_uri(base)
+    return s3_lib.S3Location(location.bucket, f"{location.prefix}/{path.strip('/')}")
+
+
+def models_uri_source(uri: str) -> str:
+    """The source URI behind ``models:/name/version`` or ``models:/name@alias``."""
+    rest = uri[len("models:/") :].strip("/")
+    client = _client()
+    try:
+        if "@" in rest:
+            name, alias = rest.split("@", 1)
+            version = client.get_model_version_by_alias(name, alias)
+        else:
+            name, _, number = rest.partition("/")
+            if not number:
+                raise CheckpointError(
+                    f"{uri!r} needs a version or alias: models:/name/1 or models:/name@champion"
+                )
+            version = client.get_model_version(name, number)
+    except MlflowException as err:
+        raise CheckpointError(
+            f"{uri!r}: MLflow at {_settings().tracking_uri} has no such model version "
+            f"({err.error_code}); list them with `det-tasks models list`"
+        ) from None
+    return str(version.source)
+
+
+def _fetch(uri: str) -> Path:
+    location = to_s3_location(uri)
+    return fetch_checkpoint(s3_lib.client(_settings().s3_endpoint), location, _settings().cache_dir)
+
+
+@contextlib.contextmanager
+def resolve_s3(uri: str) -> Iterator[Path]:
+    yield _fetch(uri)
+
+
+@contextlib.contextmanager
+def resolve_runs(uri: str) -> Iterator[Path]:
+    yield _fetch(uri)
+
+
+@contextlib.contextmanager
+def resolve_models(uri: str) -> Iterator[Path]:
+    yield _fetch(uri)

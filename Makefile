@@ -2,10 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,examples
+EXTRAS ?= dev,examples,platform
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install check lint typecheck test test-slow test-gpu demo bench clean
+.PHONY: install check lint typecheck test test-slow test-gpu demo bench clean up down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ demo: install
 
 bench: install
 	$(BIN)/python bench/harness_overhead.py
+
+up: install
+	$(BIN)/python -m infra.stack up
+
+down: install
+	$(BIN)/python -m infra.stack down
 
 clean:
 	rm -rf checkpoints runs .pytest_cache .mypy_cache .ruff_cache

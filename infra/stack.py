@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -227,10 +228,27 @@ def mlflow_service(config: StackConfig) -> Service:
     )
 
 
+def _check_ports_free(service: Service, ports: list[int]) -> None:
+    if is_running(service):
+        return
+    for port in ports:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise ServiceError(
+                    f"port {port} (for {service.name}) is already in use on 127.0.0.1; stop "
+                    "what holds it or choose other ports (DET_TASKS_S3_PORT, "
+                    "DET_TASKS_MLFLOW_PORT, DET_TASKS_SEAWEED_*_PORT)"
+                )
+
+
 def up(config: StackConfig | None = None) -> dict[str, str]:
     """Start (or keep) SeaweedFS and MLflow; returns the client environment."""
     config = config or StackConfig.from_env()
-    start(seaweed_service(config))
+    seaweed = seaweed_service(config)
+    ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
+    _check_ports_free(seaweed, ports + [p + 10000 for p in ports])
+    _check_ports_free(mlflow_service(config), [config.mlflow_port])
+    start(seaweed)
     _ensure_bucket(config)
     start(mlflow_service(config))
     env = env_for(config)

@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import boto3
+import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
@@ -61,7 +62,8 @@ def client(endpoint_url: str | None = None) -> Any:
         or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
         or os.environ.get("AWS_ENDPOINT_URL")
     )
-    return boto3.client(
+    # A fresh session reads the credentials now (the default session caches the first ones).
+    return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint,
         config=botocore.config.Config(

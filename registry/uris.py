@@ -8,6 +8,8 @@ det_tasks resolves them without importing MLflow or boto3.
 from __future__ import annotations
 
 import contextlib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +46,24 @@ def _client():  # type: ignore[no-untyped-def]
             "MLFLOW_TRACKING_URI is not set: runs:/ and models:/ URIs need the MLflow server "
             "(source .stack/env after `make up`)"
         )
+    _probe(settings.tracking_uri)
     return client_for(settings.tracking_uri)
+
+
+def _probe(tracking_uri: str) -> None:
+    """Fail in seconds, not after MLflow's minutes of retries, when the server is down."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=5):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered: reachable (a proxy may not serve /health)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"MLflow at {tracking_uri} is unreachable ({type(err).__name__}): is the server "
+            "up (make up) and MLFLOW_TRACKING_URI right?"
+        ) from None
 
 
 def _runs_location(uri: str) -> s3_lib.S3Location:

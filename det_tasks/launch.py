@@ -94,6 +94,7 @@ class RunServices:
 
     metrics_sink: Any = None
     checkpoint_store: Any = None
+    tensorboard_dir: str | None = None
 
 
 _SERVICES: contextvars.ContextVar[RunServices | None] = contextvars.ContextVar(

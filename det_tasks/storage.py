@@ -13,8 +13,9 @@ import shutil
 import uuid as uuid_lib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from det_tasks.checkpoint_format import seal
 from det_tasks.errors import CheckpointError
 
 __all__ = ["CheckpointStore", "LocalDirectoryStore"]
@@ -25,8 +26,9 @@ class CheckpointStore(Protocol):
     def stage(self) -> Path:
         """A fresh, empty local directory to write a checkpoint into."""
 
-    def publish(self, staged: Path) -> str:
-        """Make the staged directory a checkpoint; returns its uuid. Consumes ``staged``."""
+    def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
+        """Seal the staged directory (metadata.json with checksums, see ``seal``) and make it
+        a checkpoint; returns its uuid. May finish in the background. Consumes ``staged``."""
 
     def discard(self, staged: Path) -> None:
         """Drop a staged directory after a failed write."""
@@ -65,8 +67,9 @@ class LocalDirectoryStore:
         path.mkdir()
         return path
 
-    def publish(self, staged: Path) -> str:
+    def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
         uuid = str(uuid_lib.uuid4())
+        seal(staged, metadata)
         _fsync_tree(staged)
         os.rename(staged, self.root / uuid)
         _fsync_dir(self.root)

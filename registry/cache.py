@@ -17,8 +17,8 @@ from typing import Any
 
 import botocore.exceptions
 
+from det_tasks.checkpoint_format import METADATA_FILE, verify
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._checkpoint import METADATA_FILE, verify
 from registry.s3 import S3Location, download_prefix, explain
 
 __all__ = ["fetch_checkpoint"]

@@ -21,8 +21,8 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._checkpoint import METADATA_FILE, read_json
 from registry.cache import fetch_checkpoint
 from registry.s3 import S3Location, delete_prefix, upload_dir
 
@@ -98,15 +98,19 @@ class S3CheckpointStore:
         staging.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix="ckpt-", dir=staging))
 
-    def publish(self, staged: Path) -> str:
+    def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
+        """Returns at once: checksums and upload run on the upload thread."""
         uuid = str(uuid_lib.uuid4())
         location = self.location(uuid)
         with self._lock:
-            self._uploads[uuid] = self._pool.submit(self._upload, staged, location, uuid)
+            self._uploads[uuid] = self._pool.submit(self._upload, staged, metadata, location, uuid)
         return uuid
 
-    def _upload(self, staged: Path, location: S3Location, uuid: str) -> None:
+    def _upload(
+        self, staged: Path, metadata: dict[str, Any], location: S3Location, uuid: str
+    ) -> None:
         try:
+            seal(staged, metadata)
             upload_dir(self.s3, staged, location, last=METADATA_FILE)
             metadata = read_json(staged / METADATA_FILE)
             record = {

@@ -19,8 +19,9 @@ import uuid as uuid_lib
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
 
 __all__ = ["MlflowMetricsSink"]
 
@@ -29,8 +30,11 @@ MAX_BATCH = 1000
 MAX_BATCH_BYTES = 900_000
 
 
+Point = tuple[str, float, int, int]  # key, value, timestamp (ms), step
+
+
 class _Batch:
-    def __init__(self, metrics: list[Metric]) -> None:
+    def __init__(self, metrics: list[Point]) -> None:
         self.metrics = metrics
         self.uncertain = False  # a request for it failed: the server may hold some points
 
@@ -45,12 +49,13 @@ class MlflowMetricsSink:
         *,
         spill_dir: Path,
         memory_limit: int = 200_000,
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = 2.0,
         close_timeout_s: float = 120.0,
     ) -> None:
         self.client = client
         self.run_id = run_id
-        self._queue: queue.Queue[list[Metric] | None] = queue.Queue()
+        self._host_creds = get_default_host_creds(client.tracking_uri)
+        self._queue: queue.Queue[tuple[str, int, int, dict[str, Any]]] = queue.Queue()
         self._pending: collections.deque[_Batch] = collections.deque()
         self._pending_points = 0
         self._spill_dir = spill_dir
@@ -59,6 +64,7 @@ class MlflowMetricsSink:
         self._flush_interval = flush_interval_s
         self._close_timeout = close_timeout_s
         self._closed = threading.Event()
+        self._flushing = threading.Event()  # set: send now instead of coalescing
         self._idle = threading.Event()
         self._idle.set()
         self.sent_points = 0
@@ -83,15 +89,37 @@ class MlflowMetricsSink:
         self._enqueue("profiling", steps_completed, timings_ms)
 
     def _enqueue(self, group: str, step: int, metrics: dict[str, Any]) -> None:
-        now = int(time.time() * 1000)
-        points = [
-            Metric(f"{group}/{k}", float(v), now, step)
+        # O(1) on the training thread: MLflow entities are built on the sender thread.
+        self._idle.clear()
+        self._queue.put((group, step, int(time.time() * 1000), metrics))
+
+    @staticmethod
+    def _points(item: tuple[str, int, int, dict[str, Any]]) -> list[Point]:
+        group, step, now, metrics = item
+        return [
+            (f"{group}/{k}", float(v), now, step)
             for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         ]
-        if points:
-            self._idle.clear()
-            self._queue.put(points)
+
+    def _log_batch(self, metrics: list[Point]) -> None:
+        """POST runs/log-batch as plain JSON, with no client-side retries: the sink retries
+        itself (and deduplicates), and skipping MLflow's protobuf round trip keeps the
+        sender's share of the GIL small."""
+        body = {
+            "run_id": self.run_id,
+            "metrics": [
+                {"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in metrics
+            ],
+        }
+        http_request(
+            self._host_creds,
+            "/api/2.0/mlflow/runs/log-batch",
+            "POST",
+            max_retries=0,
+            timeout=30,
+            json=body,
+        )
 
     # ---- background sending -------------------------------------------------------------
     def _run(self) -> None:
@@ -110,17 +138,21 @@ class MlflowMetricsSink:
                 return
 
     def _absorb_queue(self, timeout: float) -> None:
+        """Collect reports for up to ``timeout`` (or a full batch): a few large requests cost
+        the training process far less CPU and GIL time than one request per report."""
         try:
-            item = self._queue.get(timeout=timeout if not self._has_work() else 0.001)
+            first = self._queue.get(timeout=timeout if not self._has_work() else 0.001)
         except queue.Empty:
             return
-        items = [item]
-        while True:
+        points = self._points(first)
+        deadline = time.monotonic() + timeout
+        while len(points) < MAX_BATCH:
+            wait = 0.0 if self._flushing.is_set() else deadline - time.monotonic()
             try:
-                items.append(self._queue.get_nowait())
+                item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
-        points = [m for batch in items if batch for m in batch]
+            points.extend(self._points(item))
         for start in range(0, len(points), MAX_BATCH):
             self._pending.append(_Batch(points[start : start + MAX_BATCH]))
             self._pending_points += len(points[start : start + MAX_BATCH])
@@ -133,9 +165,7 @@ class MlflowMetricsSink:
         if self._spilled:  # oldest first: spilled batches precede those in memory
             path = self._spilled[0]
             rows = json.loads(path.read_text())
-            batch = _Batch(
-                [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in rows["metrics"]]
-            )
+            batch = _Batch([tuple(r) for r in rows["metrics"]])  # type: ignore[misc]
             batch.uncertain = rows["uncertain"]
             return batch
         return self._pending[0]
@@ -146,7 +176,7 @@ class MlflowMetricsSink:
             if batch.uncertain:
                 batch.metrics = self._not_yet_stored(batch.metrics)
             if batch.metrics:
-                self.client.log_batch(self.run_id, metrics=batch.metrics)
+                self._log_batch(batch.metrics)
         except Exception as err:  # unreachable server, 5xx, timeouts: keep and retry
             self.failures += 1
             batch.uncertain = True
@@ -166,13 +196,12 @@ class MlflowMetricsSink:
             self._pending_points -= len(batch.metrics)
         return True
 
-    def _not_yet_stored(self, metrics: list[Metric]) -> list[Metric]:
-        keys = {m.key for m in metrics}
+    def _not_yet_stored(self, metrics: list[Point]) -> list[Point]:
         stored = set()
-        for key in keys:
+        for key in {p[0] for p in metrics}:
             for m in self.client.get_metric_history(self.run_id, key):
-                stored.add((m.key, m.step, m.timestamp, m.value))
-        return [m for m in metrics if (m.key, m.step, m.timestamp, m.value) not in stored]
+                stored.add((m.key, m.value, m.timestamp, m.step))
+        return [p for p in metrics if p not in stored]
 
     def _spill_if_needed(self) -> None:
         while self._pending_points > self._memory_limit and len(self._pending) > 1:
@@ -190,10 +219,7 @@ class MlflowMetricsSink:
     def _write(path: Path, batch: _Batch) -> None:
         rows = {
             "uncertain": batch.uncertain,
-            "metrics": [
-                {"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step}
-                for m in batch.metrics
-            ],
+            "metrics": [list(p) for p in batch.metrics],
         }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
@@ -203,11 +229,15 @@ class MlflowMetricsSink:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything enqueued so far has reached the server."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._close_timeout)
-        while time.monotonic() < deadline:
-            if self._queue.empty() and not self._has_work() and self._idle.is_set():
-                return True
-            time.sleep(0.05)
-        return False
+        self._flushing.set()
+        try:
+            while time.monotonic() < deadline:
+                if self._queue.empty() and not self._has_work() and self._idle.is_set():
+                    return True
+                time.sleep(0.05)
+            return False
+        finally:
+            self._flushing.clear()
 
     def close(self) -> None:
         done = self.flush()

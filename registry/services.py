@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import tempfile
 import uuid as uuid_lib
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,11 @@ def code_version(model_dir: Path) -> str:
         digest.update(path.relative_to(model_dir).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @contextlib.contextmanager
@@ -74,13 +81,19 @@ def trial_services(
         artifacts_destination=settings.artifacts_destination,
         cache_dir=settings.cache_dir,
     )
+    tensorboard_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb")))
     status = "FAILED"
     try:
-        yield RunServices(metrics_sink=sink, checkpoint_store=store)
+        yield RunServices(
+            metrics_sink=sink, checkpoint_store=store, tensorboard_dir=str(tensorboard_dir)
+        )
         status = "FINISHED"
     finally:
         store.close()
         sink.close()
+        if any(p.is_file() for p in tensorboard_dir.rglob("*")):
+            client.log_artifacts(run_id, str(tensorboard_dir), artifact_path="tensorboard")
+        shutil.rmtree(tensorboard_dir, ignore_errors=True)
         runs.finish(run_id, status)
         parent = client.get_run(runs.parent_run_id)
         trials = trial_runs(client, parent)

@@ -21,7 +21,10 @@ class InvalidHP(Exception):
 class TorchWriter:
     """``determined.tensorboard.metric_writers.pytorch.TorchWriter``: a SummaryWriter."""
 
-    def __init__(self, log_dir: str = "runs/tensorboard") -> None:
+    def __init__(self, log_dir: str | None = None) -> None:
+        if log_dir is None:
+            provided = launch.current_services()
+            log_dir = (provided.tensorboard_dir if provided else None) or "runs/tensorboard"
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:

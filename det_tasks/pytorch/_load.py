@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch import _checkpoint as ckpt
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
 from det_tasks.pytorch._legacy import adapt_trial
 from det_tasks.uris import open_checkpoint_uri

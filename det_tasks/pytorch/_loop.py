@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from det_tasks import __version__
+from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError, TrialError
-from det_tasks.pytorch import _checkpoint as ckpt
 from det_tasks.pytorch import _parallel
 from det_tasks.pytorch._callback import PyTorchCallback
 from det_tasks.pytorch._context import PyTorchTrialContext
@@ -359,20 +359,17 @@ class TrialController:
                 if _overridden(cb, "on_checkpoint_end"):
                     cb.on_checkpoint_end(str(staged))
                 cb.on_checkpoint_write_end(str(staged))
-            metadata = ckpt.seal(
-                staged,
-                {
-                    "det_tasks_version": __version__,
-                    "torch_version": torch.__version__,
-                    "steps_completed": self.batches_trained,
-                    "trial_id": str(ctx.get_trial_id()),
-                    "validation_metrics": self.latest_validation
-                    if self.last_validation_batch == self.batches_trained
-                    else None,
-                    "time": time.time(),
-                },
-            )
-            uuid = self.store.publish(staged)
+            metadata = {
+                "det_tasks_version": __version__,
+                "torch_version": torch.__version__,
+                "steps_completed": self.batches_trained,
+                "trial_id": str(ctx.get_trial_id()),
+                "validation_metrics": self.latest_validation
+                if self.last_validation_batch == self.batches_trained
+                else None,
+                "time": time.time(),
+            }
+            uuid = self.store.publish(staged, metadata)
         except OSError as err:
             self.store.discard(staged)
             previous = self.latest_checkpoint_uuid or "none"

@@ -56,9 +56,11 @@ def init(
     (``optimizations.aggregation_frequency``, ``reproducibility.experiment_seed``).
     """
     provided = launch.current_services()
+    tensorboard_path = None
     if provided is not None:
         metrics_sink = metrics_sink or provided.metrics_sink
         checkpoint_store = checkpoint_store or provided.checkpoint_store
+        tensorboard_path = Path(provided.tensorboard_dir) if provided.tensorboard_dir else None
     info = launch.get_cluster_info()
     if info is not None:
         exp_conf = exp_conf if exp_conf is not None else info.trial.config
@@ -101,6 +103,7 @@ def init(
         device=device,
         model_dir=Path(model_dir) if model_dir is not None else None,
         enable_tensorboard_logging=enable_tensorboard_logging,
+        tensorboard_path=tensorboard_path,
     )
     return PyTorchTrialContext(
         settings,

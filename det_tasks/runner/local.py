@@ -100,8 +100,9 @@ def run_trial(
         if extra_sink is not None:
             sinks.append(extra_sink)
         sink = MultiSink(*sinks)
+        scope = launch.services(services) if services else contextlib.nullcontext()
         try:
-            with model_dir_on_path(model_dir):
+            with model_dir_on_path(model_dir), scope:
                 result = _run(
                     config,
                     raw,
@@ -238,7 +239,9 @@ def _run_script(
     old_argv = sys.argv
     sys.argv = [str(path), *args]
     try:
-        with launch.launched(info), launch.services(launch.RunServices(sink, store)):
+        outer = launch.current_services()
+        tensorboard = outer.tensorboard_dir if outer else None
+        with launch.launched(info), launch.services(launch.RunServices(sink, store, tensorboard)):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit_:

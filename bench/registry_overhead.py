@@ -1,0 +1,154 @@
+"""What the registry costs the training loop, measured side by side against the real stack.
+
+1. Logging overhead: the same harness run with metrics kept in memory vs sent to the
+   local MLflow server (async, batched), at reporting periods of 100 batches and 1 batch.
+2. Checkpoint upload: a ~500 MB state dict through our S3 checkpoint store vs a plain
+   boto3 multipart upload of the same file to the same endpoint, and how long the
+   training thread is blocked (serialising the state + returning from publish).
+
+    python bench/registry_overhead.py            # starts the local stack if needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness_overhead import BenchTrial, _Clock
+
+from det_tasks import pytorch
+from det_tasks.sinks import InMemoryMetricsSink
+from det_tasks.storage import LocalDirectoryStore
+from infra.stack import up
+
+
+def timed_fit(steps: int, warmup: int, period: int, sink: object) -> float:
+    clock = _Clock(torch.device("cpu"))
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = pytorch.init(
+            hparams={"model": "mlp", "records": 2048, "global_batch_size": 32},
+            metrics_sink=sink,
+            checkpoint_store=LocalDirectoryStore(tmp),
+            seed=0,
+        )
+        trial = BenchTrial(ctx)
+        clocked = {"clock": clock}
+        trial.build_callbacks = lambda: clocked  # type: ignore[method-assign]
+        points = sorted({warmup, *range(warmup + period, warmup + steps + 1, period)})
+        pytorch.Trainer(trial, ctx).fit(
+            max_length=pytorch.Batch(warmup + steps),
+            reporting_period=pytorch.Batch(points),
+            checkpoint_policy="none",
+        )
+    return (clock.stamps[-1] - clock.stamps[0]) / steps
+
+
+def logging_overhead(steps: int, repeats: int) -> dict[str, float]:
+    from registry.metrics import MlflowMetricsSink
+    from registry.tracking import ExperimentRuns, client_for
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    runs = ExperimentRuns(client, "bench-logging", uuid.uuid4().hex, {"searcher": {}})
+    out = {}
+    for period in (100, 1):
+        base, logged = [], []
+        for r in range(repeats):
+            base.append(timed_fit(steps, 100, period, InMemoryMetricsSink()))
+            run_id = runs.trial_run(f"p{period}-{r}", {}, {})
+            sink = MlflowMetricsSink(client, run_id, spill_dir=Path(tempfile.mkdtemp()))
+            logged.append(timed_fit(steps, 100, period, sink))
+            sink.close()
+        out[f"period_{period}_ms_in_memory"] = 1000 * statistics.median(base)
+        out[f"period_{period}_ms_mlflow"] = 1000 * statistics.median(logged)
+        out[f"period_{period}_ratio"] = statistics.median(logged) / statistics.median(base)
+    return out
+
+
+def checkpoint_upload(megabytes: int) -> dict[str, float]:
+    import boto3
+
+    from registry import s3 as s3_lib
+    from registry.checkpoints import S3CheckpointStore
+    from registry.tracking import ExperimentRuns, client_for
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    runs = ExperimentRuns(client, "bench-checkpoints", uuid.uuid4().hex, {"searcher": {}})
+    run_id = runs.trial_run("1", {}, {})
+    n = megabytes * 2**20 // 4
+    state = {"models_state_dict": [{"weight": torch.randn(n)}]}
+    cache = Path(tempfile.mkdtemp())
+    s3 = s3_lib.client()
+    store = S3CheckpointStore(
+        client,
+        s3,
+        run_id,
+        artifacts_destination=os.environ["DET_TASKS_MLFLOW_ARTIFACTS"],
+        cache_dir=cache,
+    )
+    t0 = time.perf_counter()
+    host_copy = {k: [{n_: t.clone() for n_, t in sd.items()} for sd in v] for k, v in state.items()}
+    host_copy_s = time.perf_counter() - t0
+    del host_copy
+
+    staged = store.stage()
+    t0 = time.perf_counter()
+    torch.save(state, staged / "state_dict.pth")
+    save_s = time.perf_counter() - t0
+    plain_file = cache / "plain.pth"
+    os.link(staged / "state_dict.pth", plain_file)
+    t0 = time.perf_counter()
+    uid = store.publish(staged, {"steps_completed": 1})
+    publish_s = time.perf_counter() - t0
+    store.completed_uploads(wait=True)
+    ours_s = time.perf_counter() - t0
+
+    bucket = os.environ["DET_TASKS_S3_BUCKET"]
+    t0 = time.perf_counter()
+    boto3.session.Session().client(
+        "s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"]
+    ).upload_file(str(plain_file), bucket, f"bench/{uuid.uuid4().hex}.pth", Config=s3_lib.TRANSFER)
+    plain_s = time.perf_counter() - t0
+    store.delete(uid)
+    store.close()
+    return {
+        "megabytes": megabytes,
+        "plain_boto3_s": plain_s,
+        "ours_s": ours_s,
+        "throughput_vs_boto3": plain_s / ours_s,
+        "training_thread_blocked_s": save_s + publish_s,
+        "of_which_torch_save_s": save_s,
+        "of_which_publish_return_s": publish_s,
+        "host_copy_of_state_s": host_copy_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--checkpoint-mb", type=int, default=500)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        os.environ.update(up())
+    result = {
+        "logging": logging_overhead(args.steps, args.repeats),
+        "checkpoint": checkpoint_upload(args.checkpoint_mb),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -35,6 +35,7 @@ from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
 from det_tasks.sinks import MetricsSink
 from det_tasks.storage import CheckpointStore
+from det_tasks.uris import open_checkpoint_uri, scheme_of
 
 __all__ = ["FitOptions", "TrialController"]
 
@@ -416,6 +417,10 @@ def open_checkpoint(store: CheckpointStore, reference: str) -> Iterator[Path]:
     """A checkpoint by uuid in ``store``, or by directory path."""
     if os.path.isdir(reference):
         yield Path(reference)
+        return
+    if scheme_of(reference) is not None:
+        with open_checkpoint_uri(reference) as path:
+            yield path
         return
     with store.restore(reference) as path:
         yield path

@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="UUID_OR_PATH", help="continue from this checkpoint")
     run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--hparams", help="JSON hyperparameters for this trial (orchestrators)")
+    run.add_argument("--max-batches", type=int, help="train until this many batches in total")
+    run.add_argument("--trial-id", default="1", help="trial id within the experiment run")
+    run.add_argument("--experiment-run", help="experiment run key (groups trials in MLflow)")
     check = sub.add_parser("check-config", help="validate an experiment config and print it")
     check.add_argument("config")
     for register in plugins.load_all("det_tasks.cli").values():
@@ -75,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             latest_checkpoint=args.resume,
             device=args.device,
             progress=not args.no_progress,
+            hparams=json.loads(args.hparams) if args.hparams else None,
+            max_batches=args.max_batches,
+            trial_id=args.trial_id,
+            experiment_run_key=args.experiment_run,
         )
     except DetTasksError as err:
         print(f"error: {err}", file=sys.stderr)

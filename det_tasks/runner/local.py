@@ -69,6 +69,10 @@ def run_trial(
     device: str | None = None,
     progress: bool = True,
     extra_sink: MetricsSink | None = None,
+    hparams: dict[str, Any] | None = None,
+    max_batches: int | None = None,
+    trial_id: str = "1",
+    experiment_run_key: str | None = None,
 ) -> RunResult:
     """Validate the config, build the trial from its entrypoint, and fit it."""
     config_path = Path(config_path)
@@ -82,12 +86,14 @@ def run_trial(
             "trains in one process; launch several workers with torchrun/horovodrun, or set "
             "resources.slots_per_trial: 1 (e.g. --param resources.slots_per_trial=1)"
         )
-    hparams = sample_hparams(
-        config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
-    )
+    if hparams is None:
+        hparams = sample_hparams(
+            config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
+        )
     gbs = hparams.get("global_batch_size")
-    max_length = _unit(config, config.max_length, gbs)
-    platform = _platform_services(raw, config, hparams, model_dir, config_path, checkpoint_dir)
+    max_length = Batch(max_batches) if max_batches else _unit(config, config.max_length, gbs)
+    platform = _platform_services(raw, config, hparams, model_dir, config_path, checkpoint_dir,
+                                  trial_id, experiment_run_key)
     with platform as services:
         store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
         memory = InMemoryMetricsSink()
@@ -130,6 +136,8 @@ def _platform_services(
     model_dir: Path,
     config_path: Path,
     checkpoint_dir: str | Path | None,
+    trial_id: str = "1",
+    experiment_run_key: str | None = None,
 ) -> Any:
     """MLflow + S3 when MLFLOW_TRACKING_URI is set (and no local checkpoint dir is forced)."""
     if checkpoint_dir is not None or not os.environ.get("MLFLOW_TRACKING_URI"):
@@ -146,6 +154,8 @@ def _platform_services(
         model_dir=model_dir.resolve(),
         experiment_name=config.name or config_path.stem,
         seed=config.reproducibility.experiment_seed,
+        trial_id=trial_id,
+        experiment_run_key=experiment_run_key,
     )
 
 

@@ -1,0 +1,172 @@
+"""Hyperparameter searchers: single, grid, random and adaptive ASHA, as pure logic.
+
+A searcher hands out ``Work`` (train trial T until batch B) and hears back each trial's
+searcher metric at that length; it never trains anything itself. Its state is a JSON-able
+dict, so an orchestrator can persist it and resume a crashed experiment without
+re-running finished work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from typing import Any
+
+from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.config.hyperparameters import grid_values, sample_hparams
+from det_tasks.errors import ConfigError
+
+__all__ = ["Searcher", "Work", "make_searcher"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Train ``trial_id`` (with ``hparams``) until ``batches`` batches in total."""
+
+    trial_id: int
+    hparams: dict[str, Any]
+    batches: int
+
+
+class Searcher:
+    """single / grid / random: every trial trains to max_length once."""
+
+    def __init__(self, trials: list[dict[str, Any]], max_batches: int) -> None:
+        self.trials = trials
+        self.max_batches = max_batches
+        self.results: dict[int, dict[int, float]] = {}
+
+    def start(self) -> list[Work]:
+        return [Work(i + 1, hp, self.max_batches) for i, hp in enumerate(self.trials)]
+
+    def report(self, trial_id: int, batches: int, metric: float) -> list[Work]:
+        self.results.setdefault(trial_id, {})[batches] = metric
+        return []
+
+    def state(self) -> dict[str, Any]:
+        return {"results": {str(t): {str(b): m for b, m in r.items()}
+                            for t, r in self.results.items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.results = {int(t): {int(b): float(m) for b, m in r.items()}
+                        for t, r in state.get("results", {}).items()}
+
+
+class AshaSearcher(Searcher):
+    """Asynchronous successive halving (Determined's adaptive_asha, one bracket).
+
+    Rung k trains to ``max_batches / divisor**(rungs-1-k)``; a trial finishing rung k is
+    promoted when it is in the top ``1/divisor`` of the trials that have finished rung k;
+    otherwise a new trial starts (until max_trials) and the trial stops there.
+    """
+
+    def __init__(self, space: dict[str, Any], seed: int, max_batches: int, max_trials: int,
+                 divisor: float, max_rungs: int, smaller_is_better: bool) -> None:
+        rungs = max(1, min(max_rungs, int(math.log(max(max_batches, 1), divisor)) + 1))
+        self.budgets = [max(1, round(max_batches / divisor ** (rungs - 1 - k)))
+                        for k in range(rungs)]
+        self.budgets[-1] = max_batches
+        self.rng = random.Random(seed)
+        self.space = space
+        self.max_trials = max_trials
+        self.divisor = divisor
+        self.smaller = smaller_is_better
+        self.created: dict[int, dict[str, Any]] = {}
+        self.rung_results: list[dict[int, float]] = [{} for _ in self.budgets]
+        self.promoted: list[set[int]] = [set() for _ in self.budgets]
+        super().__init__([], max_batches)
+
+    def _new_trial(self) -> Work | None:
+        if len(self.created) >= self.max_trials:
+            return None
+        trial_id = len(self.created) + 1
+        self.created[trial_id] = sample_hparams(self.space, self.rng)
+        return Work(trial_id, self.created[trial_id], self.budgets[0])
+
+    def start(self) -> list[Work]:
+        return [w for w in (self._new_trial() for _ in range(self.max_trials)) if w]
+
+    def report(self, trial_id: int, batches: int, metric: float) -> list[Work]:
+        super().report(trial_id, batches, metric)
+        rung = self.budgets.index(batches) if batches in self.budgets else None
+        if rung is None or rung == len(self.budgets) - 1:
+            return []
+        self.rung_results[rung][trial_id] = metric
+        ranked = sorted(self.rung_results[rung].items(),
+                        key=lambda kv: kv[1] if self.smaller else -kv[1])
+        top = {t for t, _ in ranked[: int(len(ranked) / self.divisor)]}
+        out = []
+        for candidate in sorted(top - self.promoted[rung]):
+            self.promoted[rung].add(candidate)
+            out.append(Work(candidate, self.created[candidate], self.budgets[rung + 1]))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        base = super().state()
+        base.update({
+            "created": {str(t): hp for t, hp in self.created.items()},
+            "rung_results": [{str(t): m for t, m in r.items()} for r in self.rung_results],
+            "promoted": [sorted(p) for p in self.promoted],
+            "rng": self.rng.getstate()[1],
+        })
+        return base
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        self.created = {int(t): hp for t, hp in state["created"].items()}
+        self.rung_results = [{int(t): float(m) for t, m in r.items()}
+                             for r in state["rung_results"]]
+        self.promoted = [set(p) for p in state["promoted"]]
+        self.rng.setstate((3, tuple(state["rng"]), None))
+
+
+def _grid(space: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+    leaves: list[tuple[list[str], list[Any]]] = []
+
+    def walk(node: dict[str, Any], path: list[str]) -> None:
+        for name, value in node.items():
+            if isinstance(value, dict):
+                walk(value, [*path, name])
+            else:
+                try:
+                    leaves.append(([*path, name], grid_values(value)))
+                except ValueError as err:
+                    raise ConfigError(f"hyperparameters.{'.'.join([*path, name])}: {err}") from None
+
+    walk(space, [])
+    trials = []
+    for combo in itertools.product(*(values for _, values in leaves)):
+        hp: dict[str, Any] = {}
+        for (path, _), value in zip(leaves, combo):
+            node = hp
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+        trials.append(hp)
+    return trials
+
+
+def make_searcher(config: ExperimentConfig, max_batches: int) -> Searcher:
+    """The searcher the config names, with trials fixed by experiment_seed."""
+    s, seed = config.searcher, config.reproducibility.experiment_seed
+    space = config.hyperparameters
+    if s.name == "single":
+        return Searcher([sample_hparams(space, random.Random(seed))], max_batches)
+    if s.name == "grid":
+        trials = _grid(space)
+        if s.max_trials is not None:
+            trials = trials[: s.max_trials]
+        return Searcher(trials, max_batches)
+    if s.name == "random":
+        rng = random.Random(seed)
+        assert s.max_trials is not None
+        return Searcher([sample_hparams(space, rng) for _ in range(s.max_trials)], max_batches)
+    if s.name == "adaptive_asha":
+        assert s.max_trials is not None
+        return AshaSearcher(space, seed, max_batches, s.max_trials, s.divisor, s.max_rungs,
+                            s.smaller_is_better)
+    raise ConfigError(f"searcher.name {s.name!r} is not supported by det-tasks flows; use "
+                      "single, grid, random or adaptive_asha")
+

@@ -27,13 +27,13 @@ class Work:
 
     trial_id: int
     hparams: dict[str, Any]
-    batches: int
+    batches: int | None  # None: the config's searcher.max_length
 
 
 class Searcher:
     """single / grid / random: every trial trains to max_length once."""
 
-    def __init__(self, trials: list[dict[str, Any]], max_batches: int) -> None:
+    def __init__(self, trials: list[dict[str, Any]], max_batches: int | None) -> None:
         self.trials = trials
         self.max_batches = max_batches
         self.results: dict[int, dict[int, float]] = {}
@@ -45,13 +45,20 @@ class Searcher:
         self.results.setdefault(trial_id, {})[batches] = metric
         return []
 
+    def finished(self) -> set[int]:
+        """Trials with a result at their final length (skipped when an experiment resumes)."""
+        return set(self.results)
+
     def state(self) -> dict[str, Any]:
-        return {"results": {str(t): {str(b): m for b, m in r.items()}
-                            for t, r in self.results.items()}}
+        return {
+            "results": {str(t): {str(b): m for b, m in r.items()} for t, r in self.results.items()}
+        }
 
     def load(self, state: dict[str, Any]) -> None:
-        self.results = {int(t): {int(b): float(m) for b, m in r.items()}
-                        for t, r in state.get("results", {}).items()}
+        self.results = {
+            int(t): {int(b): float(m) for b, m in r.items()}
+            for t, r in state.get("results", {}).items()
+        }
 
 
 class AshaSearcher(Searcher):
@@ -62,11 +69,20 @@ class AshaSearcher(Searcher):
     otherwise a new trial starts (until max_trials) and the trial stops there.
     """
 
-    def __init__(self, space: dict[str, Any], seed: int, max_batches: int, max_trials: int,
-                 divisor: float, max_rungs: int, smaller_is_better: bool) -> None:
+    def __init__(
+        self,
+        space: dict[str, Any],
+        seed: int,
+        max_batches: int,
+        max_trials: int,
+        divisor: float,
+        max_rungs: int,
+        smaller_is_better: bool,
+    ) -> None:
         rungs = max(1, min(max_rungs, int(math.log(max(max_batches, 1), divisor)) + 1))
-        self.budgets = [max(1, round(max_batches / divisor ** (rungs - 1 - k)))
-                        for k in range(rungs)]
+        self.budgets = [
+            max(1, round(max_batches / divisor ** (rungs - 1 - k))) for k in range(rungs)
+        ]
         self.budgets[-1] = max_batches
         self.rng = random.Random(seed)
         self.space = space
@@ -94,8 +110,9 @@ class AshaSearcher(Searcher):
         if rung is None or rung == len(self.budgets) - 1:
             return []
         self.rung_results[rung][trial_id] = metric
-        ranked = sorted(self.rung_results[rung].items(),
-                        key=lambda kv: kv[1] if self.smaller else -kv[1])
+        ranked = sorted(
+            self.rung_results[rung].items(), key=lambda kv: kv[1] if self.smaller else -kv[1]
+        )
         top = {t for t, _ in ranked[: int(len(ranked) / self.divisor)]}
         out = []
         for candidate in sorted(top - self.promoted[rung]):
@@ -105,19 +122,22 @@ class AshaSearcher(Searcher):
 
     def state(self) -> dict[str, Any]:
         base = super().state()
-        base.update({
-            "created": {str(t): hp for t, hp in self.created.items()},
-            "rung_results": [{str(t): m for t, m in r.items()} for r in self.rung_results],
-            "promoted": [sorted(p) for p in self.promoted],
-            "rng": self.rng.getstate()[1],
-        })
+        base.update(
+            {
+                "created": {str(t): hp for t, hp in self.created.items()},
+                "rung_results": [{str(t): m for t, m in r.items()} for r in self.rung_results],
+                "promoted": [sorted(p) for p in self.promoted],
+                "rng": self.rng.getstate()[1],
+            }
+        )
         return base
 
     def load(self, state: dict[str, Any]) -> None:
         super().load(state)
         self.created = {int(t): hp for t, hp in state["created"].items()}
-        self.rung_results = [{int(t): float(m) for t, m in r.items()}
-                             for r in state["rung_results"]]
+        self.rung_results = [
+            {int(t): float(m) for t, m in r.items()} for r in state["rung_results"]
+        ]
         self.promoted = [set(p) for p in state["promoted"]]
         self.rng.setstate((3, tuple(state["rng"]), None))
 
@@ -148,8 +168,12 @@ def _grid(space: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     return trials
 
 
-def make_searcher(config: ExperimentConfig, max_batches: int) -> Searcher:
-    """The searcher the config names, with trials fixed by experiment_seed."""
+def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> Searcher:
+    """The searcher the config names, with trials fixed by experiment_seed.
+
+    ``max_batches`` None trains single/grid/random trials to the config's max_length
+    (epochs included); ASHA needs its length in batches to place its rungs.
+    """
     s, seed = config.searcher, config.reproducibility.experiment_seed
     space = config.hyperparameters
     if s.name == "single":
@@ -165,8 +189,18 @@ def make_searcher(config: ExperimentConfig, max_batches: int) -> Searcher:
         return Searcher([sample_hparams(space, rng) for _ in range(s.max_trials)], max_batches)
     if s.name == "adaptive_asha":
         assert s.max_trials is not None
-        return AshaSearcher(space, seed, max_batches, s.max_trials, s.divisor, s.max_rungs,
-                            s.smaller_is_better)
-    raise ConfigError(f"searcher.name {s.name!r} is not supported by det-tasks flows; use "
-                      "single, grid, random or adaptive_asha")
-
+        length = config.max_length
+        if max_batches is None:
+            if length.unit != "batches":
+                raise ConfigError(
+                    "adaptive_asha needs its length in batches to place rungs: use "
+                    "time_metric: batches with max_time, or max_length: {batches: N}"
+                )
+            max_batches = length.value
+        return AshaSearcher(
+            space, seed, max_batches, s.max_trials, s.divisor, s.max_rungs, s.smaller_is_better
+        )
+    raise ConfigError(
+        f"searcher.name {s.name!r} is not supported by det-tasks flows; use "
+        "single, grid, random or adaptive_asha"
+    )

@@ -55,6 +55,9 @@ class MlflowMetricsSink:
         self.client = client
         self.run_id = run_id
         self._host_creds = get_default_host_creds(client.tracking_uri)
+        # Highest step already stored per key: a retried trial resumes from its checkpoint
+        # and re-reports the steps after it with identical values; those are not re-sent.
+        self._stored_max: dict[str, int] = {}
         self._queue: queue.Queue[tuple[str, int, int, dict[str, Any]]] = queue.Queue()
         self._pending: collections.deque[_Batch] = collections.deque()
         self._pending_points = 0
@@ -175,8 +178,11 @@ class MlflowMetricsSink:
         try:
             if batch.uncertain:
                 batch.metrics = self._not_yet_stored(batch.metrics)
+            batch.metrics = self._after_stored(batch.metrics)
             if batch.metrics:
                 self._log_batch(batch.metrics)
+                for key, _, _, step in batch.metrics:
+                    self._stored_max[key] = max(self._stored_max[key], step)
         except Exception as err:  # unreachable server, 5xx, timeouts: keep and retry
             self.failures += 1
             batch.uncertain = True
@@ -195,6 +201,12 @@ class MlflowMetricsSink:
             self._pending.popleft()
             self._pending_points -= len(batch.metrics)
         return True
+
+    def _after_stored(self, metrics: list[Point]) -> list[Point]:
+        for key in {p[0] for p in metrics} - set(self._stored_max):
+            history = self.client.get_metric_history(self.run_id, key)
+            self._stored_max[key] = max((m.step for m in history), default=-1)
+        return [p for p in metrics if p[3] > self._stored_max[p[0]]]
 
     def _not_yet_stored(self, metrics: list[Point]) -> list[Point]:
         stored = set()

@@ -23,7 +23,7 @@ from registry.plots import log_learning_curves
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for
 
-__all__ = ["code_version", "trial_services"]
+__all__ = ["code_version", "finish_experiment", "trial_services"]
 
 
 def code_version(model_dir: Path) -> str:
@@ -53,7 +53,12 @@ def trial_services(
     experiment_run_key: str | None = None,
     seed: int = 0,
 ) -> Iterator[RunServices]:
-    """An MLflow child run (metrics sink) and its S3 checkpoint store, ended on exit."""
+    """An MLflow child run (metrics sink) and its S3 checkpoint store, ended on exit.
+
+    Without ``experiment_run_key`` this trial is the whole experiment run and ends it too;
+    with one, an orchestrator (the experiment flow) owns the experiment run.
+    """
+    owns_experiment_run = experiment_run_key is None
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
         raise RuntimeError("trial_services needs MLFLOW_TRACKING_URI")
@@ -95,11 +100,21 @@ def trial_services(
             client.log_artifacts(run_id, str(tensorboard_dir), artifact_path="tensorboard")
         shutil.rmtree(tensorboard_dir, ignore_errors=True)
         runs.finish(run_id, status)
-        parent = client.get_run(runs.parent_run_id)
-        trials = trial_runs(client, parent)
-        if status == "FINISHED":
-            collect_experiment_garbage(client, s3, parent, trials)
-            metric = (raw_config.get("searcher") or {}).get("metric")
-            if metric:
-                log_learning_curves(client, runs.parent_run_id, trials, metric)
-        runs.finish(runs.parent_run_id, status)
+        if owns_experiment_run:
+            finish_experiment(runs, s3, status)
+        elif status == "FINISHED":
+            parent = client.get_run(runs.parent_run_id)
+            collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
+
+
+def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -> None:
+    """End of an experiment run: GC by policy, the learning-curve picture, the parent's end."""
+    client = runs.client
+    parent = client.get_run(runs.parent_run_id)
+    trials = trial_runs(client, parent)
+    if status == "FINISHED":
+        collect_experiment_garbage(client, s3, parent, trials)
+        metric = (runs.raw_config.get("searcher") or {}).get("metric")
+        if metric:
+            log_learning_curves(client, runs.parent_run_id, trials, metric)
+    runs.finish(runs.parent_run_id, status)

@@ -8,6 +8,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from det_tasks import plugins
 from det_tasks.errors import DetTasksError
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-batches", type=int, help="train until this many batches in total")
     run.add_argument("--trial-id", default="1", help="trial id within the experiment run")
     run.add_argument("--experiment-run", help="experiment run key (groups trials in MLflow)")
+    run.add_argument("--summary-file", help="also write the JSON summary to this file")
     check = sub.add_parser("check-config", help="validate an experiment config and print it")
     check.add_argument("config")
     for register in plugins.load_all("det_tasks.cli").values():
@@ -96,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "validation": result.validation_metrics,
         "hparams": result.hparams,
     }
-    print(json.dumps(summary, indent=2, default=str))
+    text = json.dumps(summary, indent=2, default=str)
+    if getattr(args, "summary_file", None):
+        Path(args.summary_file).write_text(text)
+    print(text)
     return 0
 
 

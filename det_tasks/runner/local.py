@@ -92,8 +92,9 @@ def run_trial(
         )
     gbs = hparams.get("global_batch_size")
     max_length = Batch(max_batches) if max_batches else _unit(config, config.max_length, gbs)
-    platform = _platform_services(raw, config, hparams, model_dir, config_path, checkpoint_dir,
-                                  trial_id, experiment_run_key)
+    platform = _platform_services(
+        raw, config, hparams, model_dir, config_path, checkpoint_dir, trial_id, experiment_run_key
+    )
     with platform as services:
         store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
         memory = InMemoryMetricsSink()

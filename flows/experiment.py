@@ -1,0 +1,176 @@
+"""The ``experiment`` flow: validate a config, expand its searcher into trials, and run each
+trial as a chain of train -> validate -> checkpoint segments (Prefect tasks), at most
+``max_concurrent_trials`` at once. ``prefect deployment run experiment/const`` starts it.
+
+Run without a server: ``python -m flows.experiment examples/mnist/const.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from det_tasks.config import ExperimentConfig
+from det_tasks.runner.local import load_raw_config
+from det_tasks.searcher import Searcher, Work, make_searcher
+from flows.tasks import train_segment
+from registry.s3 import client as s3_client
+from registry.services import finish_experiment
+from registry.settings import RegistrySettings
+from registry.tracking import ExperimentRuns, client_for
+
+__all__ = ["experiment"]
+
+STATE_TAG = "det.searcher_state"
+
+
+def _searcher_metric(summary: dict[str, Any], config: ExperimentConfig) -> float:
+    metrics = summary.get("validation") or {}
+    name = config.searcher.metric
+    if name not in metrics:
+        raise RuntimeError(
+            f"searcher.metric {name!r} is not among the validation metrics {sorted(metrics)}"
+        )
+    return float(metrics[name])
+
+
+def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
+    tags = runs.client.get_run(runs.parent_run_id).data.tags
+    if STATE_TAG in tags:
+        searcher.load(json.loads(tags[STATE_TAG]))
+
+
+def _persist(searcher: Searcher, runs: ExperimentRuns) -> None:
+    runs.client.set_tag(runs.parent_run_id, STATE_TAG, json.dumps(searcher.state())[:7900])
+
+
+@flow(name="experiment", log_prints=True)
+def experiment(
+    config: str = "examples/mnist/const.yaml",
+    overrides: list[str] | None = None,
+    model_dir: str | None = None,
+) -> dict[str, Any]:
+    """Run every trial the config's searcher proposes; returns the best trial's summary."""
+    logger = get_run_logger()
+    overrides = list(overrides or [])
+    config_path = Path(config).resolve()
+    model_path = Path(model_dir).resolve() if model_dir else config_path.parent
+    raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise RuntimeError("MLFLOW_TRACKING_URI is not set: start the stack (make up) first")
+    name = cfg.name or config_path.stem
+    run_key = str(flow_run.get_id() or uuid.uuid4())
+    runs = ExperimentRuns(client_for(settings.tracking_uri), name, run_key, raw)
+    searcher = make_searcher(cfg)
+    _restore(searcher, runs)
+    finished = searcher.finished()
+    todo = [w for w in searcher.start() if w.trial_id not in finished or not _final(w, cfg)]
+    segment = train_segment.with_options(retries=cfg.max_restarts)
+    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
+    running: dict[Future[Any], Work] = {}
+    best: dict[str, Any] | None = None
+    started = time.monotonic()
+    logger.info("experiment %r: %d trials to run, %d at a time", name, len(todo), limit)
+    while todo or running:
+        while todo and len(running) < limit:
+            work = todo.pop(0)
+            future = segment.submit(
+                str(config_path),
+                str(model_path),
+                overrides,
+                work.trial_id,
+                work.hparams,
+                work.batches,
+                run_key,
+                runs.parent_run_id,
+                runs.experiment_id,
+            )
+            running[_as_future(future)] = work
+        done, _ = wait_futures(list(running), return_when=FIRST_COMPLETED)
+        for fut in done:
+            work = running.pop(fut)
+            summary = fut.result()
+            metric = _searcher_metric(summary, cfg)
+            todo.extend(searcher.report(work.trial_id, summary["batches_trained"], metric))
+            _persist(searcher, runs)
+            logger.info(
+                "trial %d: %s=%.6g after %d batches",
+                work.trial_id,
+                cfg.searcher.metric,
+                metric,
+                summary["batches_trained"],
+            )
+            if best is None or _better(metric, best["metric"], cfg):
+                best = {
+                    "trial_id": work.trial_id,
+                    "metric": metric,
+                    "hparams": work.hparams,
+                    "checkpoint": summary["checkpoint"],
+                    "batches_trained": summary["batches_trained"],
+                }
+    finish_experiment(runs, s3_client(settings.s3_endpoint))
+    result = {
+        "experiment": name,
+        "searcher_metric": cfg.searcher.metric,
+        "best": best,
+        "mlflow_experiment": f"{settings.tracking_uri}/#/experiments/{runs.experiment_id}",
+        "mlflow_parent_run": f"{settings.tracking_uri}/#/experiments/{runs.experiment_id}"
+        f"/runs/{runs.parent_run_id}",
+        "wall_seconds": round(time.monotonic() - started, 1),
+    }
+    logger.info("summary: %s", json.dumps(result, default=str))
+    return result
+
+
+def _final(work: Work, cfg: ExperimentConfig) -> bool:
+    return work.batches is None or work.batches == cfg.max_length.value
+
+
+def _better(value: float, than: float, cfg: ExperimentConfig) -> bool:
+    if math.isnan(than):
+        return True
+    return value < than if cfg.searcher.smaller_is_better else value > than
+
+
+def _as_future(prefect_future: Any) -> Future[Any]:
+    """A concurrent.futures view of a PrefectFuture, so one wait() covers all trials
+    (ThreadPoolTaskRunner futures wrap a concurrent.futures.Future)."""
+    wrapped = getattr(prefect_future, "wrapped_future", None)
+    if isinstance(wrapped, Future):
+        proxy: Future[Any] = Future()
+
+        def _done(f: Future[Any]) -> None:
+            try:
+                proxy.set_result(prefect_future.result())
+            except BaseException as err:  # surfaced by fut.result() in the flow
+                proxy.set_exception(err)
+
+        wrapped.add_done_callback(_done)
+        return proxy
+    proxy = Future()
+    try:
+        proxy.set_result(prefect_future.result())
+    except BaseException as err:
+        proxy.set_exception(err)
+    return proxy
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if not args:
+        print("usage: python -m flows.experiment CONFIG [key=value ...]", file=sys.stderr)
+        sys.exit(2)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    print(json.dumps(experiment(args[0], args[1:]), indent=2, default=str))

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,examples,platform
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install check lint typecheck test test-slow test-gpu demo bench clean up down
+.PHONY: install check lint typecheck test test-slow test-gpu demo demo-local bench clean up down deploy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,16 @@ test-slow: install
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -q
 
+# The main job: start the stack, register the deployments, run experiment/const through a
+# real Prefect server + worker, and say where to look.
 demo: install
+	$(BIN)/python -m infra.stack up
+	$(BIN)/python -m infra.stack deploy
+	. .stack/env && PREFECT_HOME=$(CURDIR)/.stack/prefect $(BIN)/prefect deployment run experiment/const --watch
+	. .stack/env && $(BIN)/det-tasks checkpoints mnist-const
+	@echo "Prefect UI: http://127.0.0.1:4200   MLflow UI: http://127.0.0.1:5001   (make down to stop)"
+
+demo-local: install
 	$(BIN)/det-tasks run examples/mnist/const.yaml
 
 bench: install
@@ -46,6 +55,9 @@ up: install
 
 down: install
 	$(BIN)/python -m infra.stack down
+
+deploy: install
+	$(BIN)/python -m infra.stack deploy
 
 clean:
 	rm -rf checkpoints runs .pytest_cache .mypy_cache .ruff_cache

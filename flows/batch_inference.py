@@ -169,4 +169,4 @@ def batch_inference(
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    print(batch_inference(*sys.argv[1:2]))
+    print(batch_inference(sys.argv[1]) if len(sys.argv) > 1 else batch_inference())

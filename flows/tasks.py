@@ -32,7 +32,9 @@ def latest_checkpoint(parent_run_id: str, experiment_id: str, trial_id: int) -> 
     client = client_for(settings.tracking_uri)
     runs = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        filter_string=(
+            f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent_run_id}'"
+        ),
         max_results=1,
     )
     if not runs:
@@ -94,7 +96,7 @@ def train_segment(
         assert proc.stderr is not None
         for line in proc.stderr:
             line = line.rstrip()
-            tail = (tail + [line])[-20:]
+            tail = [*tail, line][-20:]
             if line.startswith(("validation @", "checkpoint @", "error:")):
                 logger.info("trial %s: %s", trial_id, line)
         code = proc.wait()

@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ class StackConfig:
     filer_port: int = 8889
     mlflow_port: int = 5001
     backend_store_uri: str | None = None
+    prefect_port: int = 4200
+    project_dir: Path = Path(__file__).resolve().parents[1]
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -51,6 +54,7 @@ class StackConfig:
             filer_port=_port("SEAWEED_FILER", 8889),
             mlflow_port=_port("MLFLOW", 5001),
             backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
+            prefect_port=_port("PREFECT", 4200),
         )
 
     @property
@@ -60,6 +64,10 @@ class StackConfig:
     @property
     def mlflow_uri(self) -> str:
         return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def prefect_api(self) -> str:
+        return f"http://127.0.0.1:{self.prefect_port}/api"
 
     @property
     def backend_uri(self) -> str:
@@ -99,6 +107,7 @@ def env_for(config: StackConfig) -> dict[str, str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "DET_TASKS_S3_BUCKET": BUCKET,
         "DET_TASKS_MLFLOW_ARTIFACTS": f"s3://{BUCKET}/{ARTIFACTS_PREFIX}",
+        "PREFECT_API_URL": config.prefect_api,
     }
 
 
@@ -241,8 +250,116 @@ def _check_ports_free(service: Service, ports: list[int]) -> None:
                 )
 
 
-def up(config: StackConfig | None = None) -> dict[str, str]:
-    """Start (or keep) SeaweedFS and MLflow; returns the client environment."""
+def _prefect_env(config: StackConfig) -> dict[str, str]:
+    home = config.root / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": config.prefect_api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
+
+
+def prefect_server_service(config: StackConfig) -> Service:
+    database = os.environ.get("DET_TASKS_PREFECT_DATABASE_URL") or (
+        f"sqlite+aiosqlite:///{config.root / 'prefect' / 'prefect.db'}"
+    )
+    env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
+    env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
+    argv = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(config.prefect_port),
+    ]
+    return Service(
+        "prefect-server",
+        argv,
+        lambda: http_ok(f"{config.prefect_api}/health"),
+        config.root,
+        env=env,
+        start_timeout_s=120,
+        stop_timeout_s=15,
+    )
+
+
+def prefect_worker_service(config: StackConfig) -> Service:
+    env = {
+        **_prefect_env(config),
+        **env_for(config),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+        "DET_TASKS_PROJECT_DIR": str(config.project_dir),
+        "DET_TASKS_CACHE_DIR": str(config.root / "cache"),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "worker",
+        "start",
+        "--pool",
+        POOL,
+        "--type",
+        "process",
+        "--name",
+        f"det-tasks-{socket.gethostname()}",
+    ]
+    return Service(
+        "prefect-worker",
+        argv,
+        lambda: _worker_ready(config),
+        config.root,
+        env=env,
+        start_timeout_s=60,
+        stop_timeout_s=15,
+    )
+
+
+POOL = "local"
+
+
+def _worker_ready(config: StackConfig) -> bool:
+    log = config.root / "logs" / "prefect-worker.log"
+    return log.exists() and "started!" in log.read_text(errors="replace")
+
+
+def _prefect_cli(
+    config: StackConfig, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **_prefect_env(config), **env_for(config)}
+    return subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        cwd=config.project_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=300,
+    )
+
+
+def deploy(config: StackConfig | None = None) -> None:
+    """Create the process work pool (once) and register prefect.yaml's deployments."""
+    config = config or StackConfig.from_env()
+    if _prefect_cli(config, "work-pool", "inspect", POOL, check=False).returncode != 0:
+        _prefect_cli(config, "work-pool", "create", POOL, "--type", "process")
+    result = _prefect_cli(config, "--no-prompt", "deploy", "--all", check=False)
+    if result.returncode != 0:
+        raise ServiceError(
+            f"prefect deploy failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+
+
+def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str]:
+    """Start (or keep) SeaweedFS, MLflow and (unless ``prefect`` is False) a Prefect server
+    and a process worker; returns the client environment."""
     config = config or StackConfig.from_env()
     seaweed = seaweed_service(config)
     ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
@@ -251,6 +368,12 @@ def up(config: StackConfig | None = None) -> dict[str, str]:
     start(seaweed)
     _ensure_bucket(config)
     start(mlflow_service(config))
+    if prefect:
+        _check_ports_free(prefect_server_service(config), [config.prefect_port])
+        start(prefect_server_service(config))
+        if _prefect_cli(config, "work-pool", "inspect", POOL, check=False).returncode != 0:
+            _prefect_cli(config, "work-pool", "create", POOL, "--type", "process")
+        start(prefect_worker_service(config))
     env = env_for(config)
     (config.root / "env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
     return env
@@ -258,28 +381,45 @@ def up(config: StackConfig | None = None) -> dict[str, str]:
 
 def down(config: StackConfig | None = None) -> None:
     config = config or StackConfig.from_env()
+    stop(prefect_worker_service(config))
+    stop(prefect_server_service(config))
     stop(mlflow_service(config))
     stop(seaweed_service(config))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "deploy"])
     args = parser.parse_args(argv)
     config = StackConfig.from_env()
     try:
         if args.command == "up":
             env = up(config)
-            print(f"MLflow UI: {config.mlflow_uri}   S3: {config.s3_endpoint} (bucket {BUCKET})")
+            print(
+                f"MLflow UI: {config.mlflow_uri}   Prefect UI: {config.prefect_api[:-4]}   "
+                f"S3: {config.s3_endpoint} (bucket {BUCKET})"
+            )
             print(f"environment for clients: source {config.root / 'env'}")
             return 0 if env else 1
+        if args.command == "deploy":
+            deploy(config)
+            print(
+                "deployed: experiment/const, experiment/grid, experiment/adaptive, "
+                "batch-inference/nightly (schedule inactive)"
+            )
+            return 0
         if args.command == "down":
             down(config)
             return 0
         if args.command == "env":
             print("".join(f"export {k}={v}\n" for k, v in env_for(config).items()), end="")
             return 0
-        for service in (seaweed_service(config), mlflow_service(config)):
+        for service in (
+            seaweed_service(config),
+            mlflow_service(config),
+            prefect_server_service(config),
+            prefect_worker_service(config),
+        ):
             state = "up" if is_running(service) and service.healthy() else "down"
             print(f"{service.name:10s} {state:5s} log: {service.logfile}")
         return 0

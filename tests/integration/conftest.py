@@ -23,17 +23,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
         volume_port=28181,
         filer_port=28989,
         mlflow_port=25001,
+        prefect_port=24200,
     )
     saved = dict(os.environ)
-    env = up(config)
+    try:
+        env = up(config)
+    except BaseException:
+        down(config)  # whatever did start must not outlive the session
+        raise
     os.environ.update(env)
     os.environ["DET_TASKS_CACHE_DIR"] = str(root / "cache")
+    os.environ["PREFECT_HOME"] = str(root / "prefect-client")
     try:
         yield config
     finally:
+        _flush_prefect_logs()
         down(config)
         os.environ.clear()
         os.environ.update(saved)
+
+
+def _flush_prefect_logs() -> None:
+    """Send buffered flow logs while the server is still up (no shutdown noise after)."""
+    try:
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler.flush()
+    except Exception:
+        pass
 
 
 @pytest.fixture

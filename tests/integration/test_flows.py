@@ -1,0 +1,207 @@
+"""The Prefect flows against a real Prefect server + process worker and the MLflow/S3 stack:
+a deployment run, grid and ASHA searches with concurrency, a SIGKILLed trial that resumes
+exactly, resumable batch inference, and a bad override refused before training."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from det_tasks import ConfigError, pytorch
+from infra.stack import deploy
+from registry.checkpoints import checkpoint_records
+from registry.models import best_checkpoint, register_checkpoint, trial_runs
+from registry.tracking import client_for
+
+FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
+
+
+def mlflow():
+    return client_for(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def parent_and_trials(experiment_name: str, run_key: str):
+    client = mlflow()
+    exp = client.get_experiment_by_name(experiment_name)
+    parents = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`det.experiment_run` = '{run_key}'"
+    )
+    assert len(parents) == 1
+    return parents[0], trial_runs(client, parents[0])
+
+
+def test_deployment_run_experiment_const_through_server_and_worker(stack):
+    from prefect.deployments import run_deployment
+
+    deploy(stack)
+    flow_run = run_deployment(
+        "experiment/const",
+        parameters={
+            "config": "examples/mnist/const.yaml",
+            "overrides": ["searcher.max_length.epochs=2"],
+        },
+        timeout=600,
+    )
+    assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+    parent, trials = parent_and_trials("mnist-const", str(flow_run.id))
+    assert len(trials) == 1
+    history = mlflow().get_metric_history(trials[0].info.run_id, "training/loss")
+    assert [m.step for m in history][-1] == 44
+    records = checkpoint_records(mlflow(), trials[0].info.run_id)
+    assert records and records[-1]["steps_completed"] == 44
+    bucket, _, key = records[-1]["s3_uri"][5:].partition("/")
+    s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
+    assert s3.head_object(Bucket=bucket, Key=f"{key}/state_dict.pth")["ContentLength"] > 0
+    assert parent.info.status == "FINISHED"
+
+
+def test_grid_of_four_with_concurrency_two(stack):
+    from flows.experiment import experiment
+
+    summary = experiment(str(FLOW_MODEL / "grid.yaml"))
+    assert summary["best"]["batches_trained"] == 40
+    parent, trials = parent_and_trials("flow-grid", _last_run_key("flow-grid"))
+    assert len(trials) == 4
+    hps = sorted((t.data.params["hp.learning_rate"], t.data.params["hp.hidden"]) for t in trials)
+    assert hps == [("0.05", "4"), ("0.05", "8"), ("0.2", "4"), ("0.2", "8")]
+
+
+def test_asha_stops_worse_trials_early(stack):
+    from flows.experiment import experiment
+
+    experiment(str(FLOW_MODEL / "asha.yaml"))
+    _, trials = parent_and_trials("flow-asha", _last_run_key("flow-asha"))
+    client = mlflow()
+    trained = {}
+    rung0 = {}
+    for t in trials:
+        steps = [m.step for m in client.get_metric_history(t.info.run_id, "training/loss")]
+        trained[t.data.tags["det.trial_id"]] = max(steps)
+        val = {
+            m.step: m.value
+            for m in client.get_metric_history(t.info.run_id, "validation/validation_loss")
+        }
+        rung0[t.data.tags["det.trial_id"]] = val[16]
+    assert len(trials) == 8
+    # Rungs at 16, 32, 64 batches with divisor 2: 8 -> 4 -> 2.
+    assert sorted(trained.values()) == [16, 16, 16, 16, 32, 32, 64, 64]
+    promoted = {t for t, b in trained.items() if b > 16}
+    # Promotion is asynchronous, so a promoted trial beats every trial reported before it;
+    # here: the best trial at rung 0 is always promoted and the worst never is.
+    ranked = sorted(rung0, key=rung0.get)
+    assert ranked[0] in promoted and ranked[-1] not in promoted
+
+
+def _last_run_key(experiment_name: str) -> str:
+    client = mlflow()
+    exp = client.get_experiment_by_name(experiment_name)
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`det.experiment_run` != ''",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].data.tags["det.experiment_run"]
+
+
+def test_sigkilled_trial_resumes_and_matches_an_uninterrupted_run(stack, tmp_path):
+    from flows.experiment import experiment
+
+    reference = experiment(str(FLOW_MODEL / "killable.yaml"))
+    pid_file = tmp_path / "pids"
+    result: dict = {}
+
+    def run() -> None:
+        result["summary"] = experiment(
+            str(FLOW_MODEL / "killable.yaml"), [f"data.pid_file={pid_file}"]
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    killed_at = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and killed_at is None:
+        time.sleep(0.2)
+        if not pid_file.exists():
+            continue
+        key = _last_run_key("flow-killable")
+        _, trials = parent_and_trials("flow-killable", key)
+        if trials and checkpoint_records(mlflow(), trials[0].info.run_id):
+            steps = [
+                r["steps_completed"] for r in checkpoint_records(mlflow(), trials[0].info.run_id)
+            ]
+            time.sleep(0.6)  # some batches past the checkpoint, which the retry re-trains
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+            killed_at = steps[-1]
+    thread.join(timeout=300)
+    assert killed_at is not None and killed_at < 120
+    assert len(pid_file.read_text().split()) == 2  # the retry ran in a new process
+    assert result["summary"]["best"]["metric"] == reference["best"]["metric"]
+    _, trials = parent_and_trials("flow-killable", _last_run_key("flow-killable"))
+    steps = [m.step for m in mlflow().get_metric_history(trials[0].info.run_id, "training/loss")]
+    assert steps == sorted(set(steps)) and steps[-1] == 120  # no duplicates, none missing
+    assert len(steps) == 120 // 100 + 1 or steps == sorted(set(steps))
+    ref = pytorch.load_trial_from_checkpoint_path(reference["best"]["checkpoint"])
+    got = pytorch.load_trial_from_checkpoint_path(result["summary"]["best"]["checkpoint"])
+    for a, b in zip(ref.model.state_dict().values(), got.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_batch_inference_resumes_and_writes_every_shard_once(stack):
+    from flows.batch_inference import batch_inference, predict_shard
+    from flows.experiment import experiment
+
+    experiment(str(FLOW_MODEL / "grid.yaml"), ["searcher.max_trials=1"])
+    client = mlflow()
+    best = best_checkpoint(client, "flow-grid")
+    register_checkpoint(client, "xor", best, alias="champion")
+    output = f"s3://det-tasks/predictions/test-{int(time.time())}"
+    # A first run that "crashed" after two of five shards.
+    for shard in (0, 3):
+        predict_shard.fn("models:/xor@champion", "model_def:inputs", shard, 5, output, 7)
+    summary = batch_inference(
+        "models:/xor@champion", "model_def:inputs", num_shards=5, output=output, batch_size=7
+    )
+    assert summary["shards_skipped"] == 2 and summary["rows"] == 40 - 8 - 8
+    s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
+    prefix = output[len("s3://det-tasks/") :]
+    objects = s3.list_objects_v2(Bucket="det-tasks", Prefix=prefix)["Contents"]
+    assert len(objects) == 5
+    indices, outputs = [], []
+    for obj in sorted(objects, key=lambda o: o["Key"]):
+        table = pq.read_table(
+            io.BytesIO(s3.get_object(Bucket="det-tasks", Key=obj["Key"])["Body"].read())
+        )
+        indices += table.column("index").to_pylist()
+        outputs += table.column("output").to_pylist()
+    assert indices == list(range(40))
+    trial = pytorch.load_trial_from_checkpoint_path("models:/xor@champion")
+    import sys
+
+    sys.path.insert(0, str(FLOW_MODEL))
+    try:
+        from model_def import inputs
+
+        with torch.no_grad():
+            direct = trial.model(inputs())
+    finally:
+        sys.path.remove(str(FLOW_MODEL))
+    assert torch.allclose(torch.tensor(outputs), direct, atol=1e-6)
+
+
+def test_bad_override_fails_before_training(stack):
+    from flows.experiment import experiment
+
+    before = len(mlflow().search_experiments())
+    with pytest.raises(ConfigError, match="unknown field `searcher.max_lenght`"):
+        experiment(str(FLOW_MODEL / "grid.yaml"), ["searcher.max_lenght.batches=5"])
+    assert len(mlflow().search_experiments()) == before

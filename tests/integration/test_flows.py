@@ -69,7 +69,7 @@ def test_grid_of_four_with_concurrency_two(stack):
 
     summary = experiment(str(FLOW_MODEL / "grid.yaml"))
     assert summary["best"]["batches_trained"] == 40
-    parent, trials = parent_and_trials("flow-grid", _last_run_key("flow-grid"))
+    _, trials = parent_and_trials("flow-grid", _last_run_key("flow-grid"))
     assert len(trials) == 4
     hps = sorted((t.data.params["hp.learning_rate"], t.data.params["hp.hidden"]) for t in trials)
     assert hps == [("0.05", "4"), ("0.05", "8"), ("0.2", "4"), ("0.2", "8")]
@@ -149,7 +149,6 @@ def test_sigkilled_trial_resumes_and_matches_an_uninterrupted_run(stack, tmp_pat
     _, trials = parent_and_trials("flow-killable", _last_run_key("flow-killable"))
     steps = [m.step for m in mlflow().get_metric_history(trials[0].info.run_id, "training/loss")]
     assert steps == sorted(set(steps)) and steps[-1] == 120  # no duplicates, none missing
-    assert len(steps) == 120 // 100 + 1 or steps == sorted(set(steps))
     ref = pytorch.load_trial_from_checkpoint_path(reference["best"]["checkpoint"])
     got = pytorch.load_trial_from_checkpoint_path(result["summary"]["best"]["checkpoint"])
     for a, b in zip(ref.model.state_dict().values(), got.model.state_dict().values()):
@@ -202,6 +201,6 @@ def test_bad_override_fails_before_training(stack):
     from flows.experiment import experiment
 
     before = len(mlflow().search_experiments())
-    with pytest.raises(ConfigError, match="unknown field `searcher.max_lenght`"):
+    with pytest.raises(ConfigError, match=r"unknown field `searcher\.max_lenght`"):
         experiment(str(FLOW_MODEL / "grid.yaml"), ["searcher.max_lenght.batches=5"])
     assert len(mlflow().search_experiments()) == before

@@ -58,7 +58,8 @@ class MlflowMetricsSink:
         # Highest step already stored per key: a retried trial resumes from its checkpoint
         # and re-reports the steps after it with identical values; those are not re-sent.
         self._stored_max: dict[str, int] = {}
-        self._queue: queue.Queue[tuple[str, int, int, dict[str, Any]]] = queue.Queue()
+        # None is a wake-up marker: flush() and close() must not wait out a coalescing window.
+        self._queue: queue.Queue[tuple[str, int, int, dict[str, Any]] | None] = queue.Queue()
         self._pending: collections.deque[_Batch] = collections.deque()
         self._pending_points = 0
         self._spill_dir = spill_dir
@@ -69,6 +70,7 @@ class MlflowMetricsSink:
         self._closed = threading.Event()
         self._flushing = threading.Event()  # set: send now instead of coalescing
         self._idle = threading.Event()
+        self._state_lock = threading.Lock()
         self._idle.set()
         self.sent_points = 0
         self.failures = 0
@@ -93,8 +95,9 @@ class MlflowMetricsSink:
 
     def _enqueue(self, group: str, step: int, metrics: dict[str, Any]) -> None:
         # O(1) on the training thread: MLflow entities are built on the sender thread.
-        self._idle.clear()
-        self._queue.put((group, step, int(time.time() * 1000), metrics))
+        with self._state_lock:
+            self._idle.clear()
+            self._queue.put((group, step, int(time.time() * 1000), metrics))
 
     @staticmethod
     def _points(item: tuple[str, int, int, dict[str, Any]]) -> list[Point]:
@@ -128,6 +131,9 @@ class MlflowMetricsSink:
     def _run(self) -> None:
         backoff = 0.5
         while True:
+            self._mark_idle_if_drained()
+            if self._closed.is_set() and self._idle.is_set():
+                return
             self._absorb_queue(timeout=self._flush_interval)
             if self._has_work():
                 if self._send_one():
@@ -135,10 +141,12 @@ class MlflowMetricsSink:
                 else:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
-                continue
-            self._idle.set()
-            if self._closed.is_set() and self._queue.empty():
-                return
+
+    def _mark_idle_if_drained(self) -> None:
+        # Under the lock enqueue uses, so "idle" never hides a report that is in flight.
+        with self._state_lock:
+            if not self._has_work() and self._queue.empty():
+                self._idle.set()
 
     def _absorb_queue(self, timeout: float) -> None:
         """Collect reports for up to ``timeout`` (or a full batch): a few large requests cost
@@ -147,13 +155,15 @@ class MlflowMetricsSink:
             first = self._queue.get(timeout=timeout if not self._has_work() else 0.001)
         except queue.Empty:
             return
-        points = self._points(first)
+        points = self._points(first) if first is not None else []
         deadline = time.monotonic() + timeout
-        while len(points) < MAX_BATCH:
+        while first is not None and len(points) < MAX_BATCH:
             wait = 0.0 if self._flushing.is_set() else deadline - time.monotonic()
             try:
                 item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
+                break
+            if item is None:
                 break
             points.extend(self._points(item))
         for start in range(0, len(points), MAX_BATCH):
@@ -242,6 +252,7 @@ class MlflowMetricsSink:
         """Wait until everything enqueued so far has reached the server."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._close_timeout)
         self._flushing.set()
+        self._queue.put(None)
         try:
             while time.monotonic() < deadline:
                 if self._queue.empty() and not self._has_work() and self._idle.is_set():
@@ -254,6 +265,7 @@ class MlflowMetricsSink:
     def close(self) -> None:
         done = self.flush()
         self._closed.set()
+        self._queue.put(None)
         self._thread.join(timeout=5)
         if not done:
             waiting = len(self._pending) + len(self._spilled)

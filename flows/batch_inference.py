@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import io
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -24,10 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from prefect import flow, get_run_logger, task
+from prefect.runtime import flow_run
 
 from det_tasks.pytorch import load_trial_from_checkpoint_path
 from det_tasks.uris import open_checkpoint_uri
+from flows.jobs import run_job_script
 from registry import s3 as s3_lib
+from registry.packages import fetch_package
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
 
@@ -128,9 +132,18 @@ def batch_inference(
     output: str | None = None,
     batch_size: int = 256,
     run_name: str | None = None,
+    package: str | None = None,
+    script: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Predictions of ``model_uri`` over ``dataset`` in ``num_shards`` Parquet objects; or,
+    with ``script`` (from ``det-tasks job run``), that script run inside ``package``."""
     logger = get_run_logger()
     settings = RegistrySettings.from_env()
+    if script:
+        if not package:
+            raise ValueError("script= needs package= (the model directory it lives in)")
+        return _run_script_job(package, script, config or {}, output, settings)
     name = run_name or time.strftime("%Y-%m-%d")
     safe_model = model_uri.replace("models:/", "").replace("/", "-").replace("@", "-at-")
     output = output or f"s3://{settings.bucket or 'det-tasks'}/predictions/{safe_model}/{name}"
@@ -165,6 +178,24 @@ def batch_inference(
         client.set_terminated(run.info.run_id)
     logger.info("batch inference: %s", summary)
     return summary
+
+
+def _run_script_job(
+    package: str,
+    script: str,
+    config: dict[str, Any],
+    output: str | None,
+    settings: RegistrySettings,
+) -> dict[str, Any]:
+    job_id = str(flow_run.get_id() or time.strftime("%Y%m%d-%H%M%S"))
+    output = output or f"s3://{settings.bucket or 'det-tasks'}/jobs/{job_id}"
+    model_dir = fetch_package(package)
+    try:
+        result = run_job_script(str(model_dir), script, config, job_id, output)
+    finally:
+        shutil.rmtree(model_dir.parent, ignore_errors=True)
+    get_run_logger().info("job %s wrote %d files under %s", job_id, len(result["files"]), output)
+    return result
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -22,9 +23,11 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from det_tasks.config import ExperimentConfig
+from det_tasks.errors import ConfigError
 from det_tasks.runner.local import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.tasks import train_segment
+from registry.packages import fetch_package
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
@@ -60,12 +63,37 @@ def experiment(
     config: str = "examples/mnist/const.yaml",
     overrides: list[str] | None = None,
     model_dir: str | None = None,
+    package: str | None = None,
+    config_yaml: str | None = None,
 ) -> dict[str, Any]:
-    """Run every trial the config's searcher proposes; returns the best trial's summary."""
+    """Run every trial the config's searcher proposes; returns the best trial's summary.
+
+    ``package`` (an ``s3://.../packages/<sha256>.tar.gz`` from ``det-tasks experiment
+    create``) is unpacked into a fresh folder on this worker; the config is ``config_yaml``
+    when given (``config`` then only names it), else the file ``config`` inside the package.
+    """
     logger = get_run_logger()
     overrides = list(overrides or [])
-    config_path = Path(config).resolve()
-    model_path = Path(model_dir).resolve() if model_dir else config_path.parent
+    if not package:
+        config_path = Path(config).resolve()
+        model_path = Path(model_dir).resolve() if model_dir else config_path.parent
+        return _run_experiment(config_path, model_path, overrides)
+    model_path = fetch_package(package)
+    logger.info("model package %s unpacked into %s", package, model_path)
+    config_path = (model_path / config).resolve()
+    if config_yaml is not None:
+        config_path = model_path.parent / Path(config).name
+        config_path.write_text(config_yaml, encoding="utf-8")
+    try:
+        if not config_path.is_relative_to(model_path.parent.resolve()):
+            raise ConfigError(f"config {config!r} is outside the model package: give a path in it")
+        return _run_experiment(config_path, model_path, overrides)
+    finally:
+        shutil.rmtree(model_path.parent, ignore_errors=True)
+
+
+def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -> dict[str, Any]:
+    logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:

@@ -171,6 +171,14 @@ class MlflowMetricsSink:
             self._pending_points += len(points[start : start + MAX_BATCH])
         self._spill_if_needed()
 
+    def _queued_reports(self) -> bool:
+        # Wake-up markers (None) may remain queued; only real reports count.
+        with self._queue.mutex:
+            return any(item is not None for item in self._queue.queue)
+
+    def _drained(self) -> bool:
+        return not self._queued_reports() and not self._has_work() and self._idle.is_set()
+
     def _has_work(self) -> bool:
         return bool(self._pending or self._spilled)
 
@@ -250,12 +258,14 @@ class MlflowMetricsSink:
     # ---- lifecycle ------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything enqueued so far has reached the server."""
+        if not self._thread.is_alive():  # closed already: nothing can be sent any more
+            return not self._has_work() and not self._queued_reports()
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._close_timeout)
         self._flushing.set()
         self._queue.put(None)
         try:
             while time.monotonic() < deadline:
-                if self._queue.empty() and not self._has_work() and self._idle.is_set():
+                if self._drained():
                     return True
                 time.sleep(0.05)
             return False
@@ -263,6 +273,8 @@ class MlflowMetricsSink:
             self._flushing.clear()
 
     def close(self) -> None:
+        if self._closed.is_set():  # idempotent: the runner and the services may both close
+            return
         done = self.flush()
         self._closed.set()
         self._queue.put(None)

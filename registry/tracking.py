@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
 
-__all__ = ["TRIAL_TAG", "ExperimentRuns", "client_for", "flat_params"]
+__all__ = ["TRIAL_TAG", "ExperimentRuns", "client_for", "ensure_experiment", "flat_params"]
 
 TRIAL_TAG = "det.trial_id"
 EXPERIMENT_RUN_TAG = "det.experiment_run"
@@ -102,6 +102,11 @@ class ExperimentRuns:
     @staticmethod
     def status_of(client: MlflowClient, run_id: str) -> str:
         return str(RunStatus.to_string(client.get_run(run_id).info.status))  # type: ignore[arg-type]
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The id of MLflow experiment ``name``, created (or restored) if needed."""
+    return _experiment(client, name)
 
 
 def _experiment(client: MlflowClient, name: str) -> str:

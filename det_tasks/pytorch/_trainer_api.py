@@ -7,6 +7,7 @@ and ``context.predict`` all end in ``Trainer.fit`` or ``load_trial_from_checkpoi
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,14 @@ __all__ = ["TrainerAPIMixin"]
 
 # A registry-provided function mapping a trial id to a checkpoint reference.
 TrialCheckpointResolver = Callable[[Any], str]
+
+
+def _registry_trial_resolver() -> TrialCheckpointResolver | None:
+    """The platform's trial-id lookup (``registry``), when it is installed."""
+    from det_tasks import plugins
+
+    found = plugins.load_one("det_tasks.trial_resolvers", "mlflow")
+    return found if found is not None and os.environ.get("MLFLOW_TRACKING_URI") else None
 
 
 class TrainerAPIMixin:
@@ -101,13 +110,14 @@ class TrainerAPIMixin:
         if (trial_id is None) == (path is None):
             raise ValueError("load_checkpoint_trial needs exactly one of trial_id= or path=")
         if path is None:
-            if self._trial_checkpoint_resolver is None:
+            resolver = self._trial_checkpoint_resolver or _registry_trial_resolver()
+            if resolver is None:
                 raise TrialError(
                     f"load_checkpoint_trial(trial_id={trial_id!r}) needs the registry to find "
                     "that trial's checkpoint: run under the platform (MLflow configured), or "
                     "pass path= with a checkpoint directory or URI"
                 )
-            path = self._trial_checkpoint_resolver(trial_id)
+            path = resolver(trial_id)
         return load_trial_from_checkpoint_path(
             path,
             trial_class=trial_class,

@@ -238,3 +238,25 @@ def test_clear_errors(stack, tmp_path):
         os.environ["MLFLOW_TRACKING_URI"] = saved_uri
     staging = Path(os.environ["DET_TASKS_CACHE_DIR"]) / "checkpoints"
     assert not any(p.name.startswith(".download-") for p in staging.glob("*"))
+
+
+def test_metrics_sink_closes_once_and_promptly_after_every_point_arrived(stack, tmp_path):
+    """The runner and the run services both close the sink: the second close must neither
+    wait out the close timeout (it once hung 120 s per sink) nor lose a point."""
+    import time
+
+    from registry.metrics import MlflowMetricsSink
+    from registry.tracking import client_for, ensure_experiment
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.create_run(ensure_experiment(client, "sink-close"))
+    sink = MlflowMetricsSink(client, run.info.run_id, spill_dir=tmp_path, close_timeout_s=60)
+    for step in range(1, 51):
+        sink.report_training(step, {"loss": 1.0 / step})
+    sink.close()
+    started = time.monotonic()
+    sink.close()
+    assert sink.flush(timeout_s=60) is True
+    assert time.monotonic() - started < 5.0
+    history = client.get_metric_history(run.info.run_id, "training/loss")
+    assert sorted(m.step for m in history) == list(range(1, 51))

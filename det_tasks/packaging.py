@@ -1,0 +1,130 @@
+"""A model directory as one reproducible archive, and its safe unpacking on a worker.
+
+``det-tasks experiment create CONFIG DIR`` ships DIR the way ``det experiment create`` did:
+files matching ``.detignore`` (gitignore syntax) are left out, the archive is refused past a
+size limit (96 MB, Determined's), and the bytes are deterministic (sorted names, fixed
+times and owners) so identical code has an identical content hash and is uploaded once.
+Unpacking refuses absolute paths, ``..``, links and devices: an archive can only create
+regular files and folders under the destination.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pathspec
+
+from det_tasks.errors import DetTasksError
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "PackageError",
+    "PackedModel",
+    "pack_model_dir",
+    "unpack_model_package",
+]
+
+DEFAULT_MAX_BYTES = 96 * 1024 * 1024
+ALWAYS_IGNORED = [".git/", "__pycache__/", "*.pyc", ".detignore~"]
+
+
+class PackageError(DetTasksError):
+    """A model directory that cannot be shipped, or an archive that must not be unpacked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedModel:
+    data: bytes
+    sha256: str
+    files: list[str]
+    total_bytes: int
+
+
+def _ignore_spec(model_dir: Path) -> pathspec.PathSpec:
+    lines = list(ALWAYS_IGNORED)
+    detignore = model_dir / ".detignore"
+    if detignore.is_file():
+        lines += detignore.read_text(encoding="utf-8", errors="replace").splitlines()
+    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+
+
+def _files(model_dir: Path) -> list[tuple[str, Path]]:
+    spec = _ignore_spec(model_dir)
+    found: list[tuple[str, Path]] = []
+    for root, dirs, names in os.walk(model_dir):
+        rel_root = Path(root).relative_to(model_dir)
+        dirs[:] = sorted(
+            d for d in dirs if not spec.match_file(f"{(rel_root / d).as_posix()}/")
+        )
+        for name in sorted(names):
+            rel = (rel_root / name).as_posix()
+            path = Path(root) / name
+            if spec.match_file(rel) or not path.is_file():
+                continue
+            found.append((rel, path))
+    return found
+
+
+def pack_model_dir(model_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> PackedModel:
+    """``model_dir`` (minus ``.detignore`` matches) as a deterministic ``.tar.gz``."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise PackageError(f"model directory {str(root)!r} does not exist or is not a folder")
+    files = _files(root)
+    sizes = [(path.stat().st_size, rel) for rel, path in files]
+    total = sum(size for size, _ in sizes)
+    if total > max_bytes:
+        largest = ", ".join(
+            f"{rel} ({size / 2**20:.1f} MB)" for size, rel in sorted(sizes, reverse=True)[:5]
+        )
+        raise PackageError(
+            f"model directory {str(root)!r} holds {total / 2**20:.1f} MB, over the "
+            f"{max_bytes / 2**20:.0f} MB limit; largest files: {largest}. Add them to "
+            f"{str(root / '.detignore')!r} (gitignore syntax) and load data from storage "
+            "instead of shipping it with the code"
+        )
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, path in files:
+            info = tarfile.TarInfo(rel)
+            info.size = path.stat().st_size
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info.mtime = 0
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    data = gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
+    return PackedModel(data, hashlib.sha256(data).hexdigest(), [rel for rel, _ in files], total)
+
+
+def unpack_model_package(archive: str | Path, destination: str | Path) -> Path:
+    """Extract ``archive`` into ``destination`` (created), refusing anything unsafe."""
+    dest = Path(destination)
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member, archive)
+            tar.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise PackageError(f"model package {str(archive)!r} is unreadable: {err}") from None
+    return dest
+
+
+def _check_member(member: tarfile.TarInfo, archive: str | Path) -> None:
+    name = member.name
+    parts = Path(name).parts
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or ".." in parts:
+        raise PackageError(
+            f"model package {str(archive)!r} holds {name!r}, a path outside its folder: refused"
+        )
+    if not (member.isfile() or member.isdir()):
+        raise PackageError(
+            f"model package {str(archive)!r} holds {name!r}, a link or special file: refused"
+        )

@@ -1,0 +1,267 @@
+"""``det-tasks experiment create|list|describe`` and ``det-tasks job run``: the seed documents'
+``det experiment create const.yaml .`` and ``det job run batch_inference.yaml .``.
+
+The config is validated here, before anything is uploaded; the model directory is packed
+(``.detignore`` honoured, size-limited) and uploaded to S3 under its content hash; then a
+run of the ``experiment/submitted`` (or ``batch-inference/submitted``) deployment gets the
+package's URI, which is all a worker on any machine needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from det_tasks.errors import ConfigError, DetTasksError
+
+__all__ = ["register"]
+
+EXPERIMENT_DEPLOYMENT = "experiment/submitted"
+JOB_DEPLOYMENT = "batch-inference/submitted"
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def register(sub: Any) -> None:
+    experiment = sub.add_parser("experiment", help="submit and inspect experiments (Prefect)")
+    exp_sub = experiment.add_subparsers(dest="experiment_command", required=True)
+    create = exp_sub.add_parser("create", help="validate, ship MODEL_DIR and start the flow")
+    create.add_argument("config", type=Path)
+    create.add_argument("model_dir", type=Path)
+    create.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. hyperparameters.learning_rate=0.5")
+    _submit_options(create, EXPERIMENT_DEPLOYMENT)
+    create.set_defaults(func=cmd_experiment_create)
+    listing = exp_sub.add_parser("list", help="recent experiment runs, newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.set_defaults(func=cmd_experiment_list)
+    describe = exp_sub.add_parser("describe", help="one experiment run's trials")
+    describe.add_argument("id", help="flow-run id (or a unique prefix of 8+ characters)")
+    describe.set_defaults(func=cmd_experiment_describe)
+
+    job = sub.add_parser("job", help="batch jobs (det job run)")
+    job_sub = job.add_subparsers(dest="job_command", required=True)
+    run = job_sub.add_parser("run", help="validate, ship MODEL_DIR and start batch inference")
+    run.add_argument("config", type=Path)
+    run.add_argument("model_dir", type=Path)
+    _submit_options(run, JOB_DEPLOYMENT)
+    run.set_defaults(func=cmd_job_run)
+
+
+def _submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
+    parser.add_argument("--follow", "-f", action="store_true",
+                        help="stream the run's logs and exit with its final state")
+    parser.add_argument("--deployment", default=deployment, help=f"default: {deployment}")
+    parser.add_argument("--max-package-mb", type=float, default=96.0,
+                        help="refuse model directories larger than this (default 96)")
+
+
+def _ship(model_dir: Path, max_mb: float) -> str:
+    from det_tasks.packaging import pack_model_dir
+    from registry.packages import upload_package
+
+    packed = pack_model_dir(model_dir, max_bytes=int(max_mb * 2**20))
+    uri, uploaded = upload_package(packed)
+    verb = "Uploaded" if uploaded else "Reusing identical, already uploaded"
+    print(f"Preparing files to send: {len(packed.files)} files, "
+          f"{packed.total_bytes / 1024:.1f} KB. {verb} package {uri}")
+    return uri
+
+
+def _start(deployment: str, parameters: dict[str, Any]) -> Any:
+    from prefect.deployments import run_deployment
+
+    try:
+        return run_deployment(deployment, parameters=parameters, timeout=0)
+    except Exception as err:  # prefect raises several types for a missing deployment / server
+        raise DetTasksError(
+            f"could not start deployment {deployment!r} ({type(err).__name__}: {err}); is the "
+            "Prefect server up and are the deployments registered (make up && make deploy)?"
+        ) from None
+
+
+def _ui_url(flow_run_id: Any) -> str:
+    from prefect.settings import get_current_settings
+
+    ui = get_current_settings().ui_url or ""
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}"
+
+
+def cmd_experiment_create(args: argparse.Namespace) -> int:
+    from det_tasks.runner.local import load_raw_config
+    from registry.settings import RegistrySettings
+    from registry.tracking import client_for, ensure_experiment
+
+    _, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
+    config_text = args.config.read_text(encoding="utf-8")
+    package = _ship(args.model_dir, args.max_package_mb)
+    flow_run = _start(
+        args.deployment,
+        {
+            "config": args.config.name,
+            "config_yaml": config_text,
+            "overrides": list(args.param),
+            "package": package,
+        },
+    )
+    print(f"Created experiment {flow_run.id}")
+    print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
+    settings = RegistrySettings.from_env()
+    if settings.tracking_uri:
+        name = cfg.name or args.config.stem
+        exp_id = ensure_experiment(client_for(settings.tracking_uri), name)
+        print(f"  MLflow experiment: {settings.tracking_uri}/#/experiments/{exp_id}")
+    return _follow(flow_run.id) if args.follow else 0
+
+
+def cmd_job_run(args: argparse.Namespace) -> int:
+    from det_tasks.config.job import load_job_config
+
+    raw, job = load_job_config(args.config)  # refused here, before any upload
+    if job.script:
+        package = _ship(args.model_dir, args.max_package_mb)
+        parameters: dict[str, Any] = {"package": package, "script": job.script, "config": raw}
+    else:
+        parameters = dict(job.data)  # data: model_uri, dataset, ... are the flow's parameters
+    flow_run = _start(args.deployment, parameters)
+    print(f"Created job {flow_run.id}")
+    print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
+    return _follow(flow_run.id) if args.follow else 0
+
+
+def _follow(flow_run_id: Any) -> int:
+    """Print the run's logs as they arrive; 0 when it completes, 1 otherwise."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    seen = 0
+    state = None
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            state = run.state.type.value if run.state else "PENDING"
+            logs = client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                offset=seen,
+                sort=LogSort.TIMESTAMP_ASC,
+            )
+            for log in logs:
+                print(f"{log.timestamp:%H:%M:%S} {log.message}")
+            seen += len(logs)
+            if state in FINAL_STATES and not logs:
+                break
+            time.sleep(1.0)
+    print(f"Flow run {flow_run_id} finished: {state}")
+    return 0 if state == "COMPLETED" else 1
+
+
+def _flow_runs(limit: int) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        return list(
+            client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["experiment"])),
+                sort=FlowRunSort.START_TIME_DESC,
+                limit=limit,
+            )
+        )
+
+
+def _mlflow() -> Any:
+    from registry.settings import RegistrySettings
+    from registry.tracking import client_for
+
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise DetTasksError("MLFLOW_TRACKING_URI is not set (after `make up`: source .stack/env)")
+    return client_for(settings.tracking_uri)
+
+
+def cmd_experiment_list(args: argparse.Namespace) -> int:
+    from registry.cli import _table
+    from registry.experiment_view import describe_experiment_run
+
+    client = _mlflow()
+    rows = []
+    for run in _flow_runs(args.limit):
+        view = describe_experiment_run(client, str(run.id))
+        best = view.best if view else None
+        rows.append([
+            str(run.id),
+            view.name if view else run.parameters.get("config", ""),
+            run.state.type.value if run.state else "",
+            f"{run.start_time:%Y-%m-%d %H:%M}" if run.start_time else "",
+            len(view.trials) if view else 0,
+            f"{view.metric}={best.metric:.6g}" if view and best and best.metric is not None else "",
+        ])
+    _table(rows, ["id", "experiment", "state", "started", "trials", "best"])
+    return 0
+
+
+def cmd_experiment_describe(args: argparse.Namespace) -> int:
+    from registry.cli import _table
+    from registry.experiment_view import describe_experiment_run
+
+    run = _find_flow_run(args.id)
+    view = describe_experiment_run(_mlflow(), str(run.id))
+    state = run.state.type.value if run.state else "PENDING"
+    print(f"experiment run {run.id}: {state}")
+    print(f"  Prefect flow run: {_ui_url(run.id)}")
+    if view is None:
+        print("  no MLflow runs yet")
+        return 0
+    print(f"  MLflow experiment {view.name!r} (id {view.experiment_id}), parent run "
+          f"{view.parent_run_id}; searcher metric {view.metric!r} "
+          f"({'smaller' if view.smaller_is_better else 'larger'} is better)")
+    rows = [
+        [t.trial_id, t.run_id, t.state, t.batches,
+         "" if t.metric is None else f"{t.metric:.6g}", t.checkpoint]
+        for t in view.trials
+    ]
+    _table(rows, ["trial", "mlflow run", "state", "batches", view.metric or "metric",
+                  "best checkpoint"])
+    best = view.best
+    if best is not None:
+        print(f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g}, {best.checkpoint}")
+    return 0
+
+
+def _find_flow_run(ident: str) -> Any:
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    try:
+        full = uuid.UUID(ident)
+    except ValueError:
+        full = None
+    if full is not None:
+        with get_client(sync_client=True) as client:
+            try:
+                return client.read_flow_run(full)
+            except Exception:
+                raise DetTasksError(f"no experiment run with id {ident!r}") from None
+    if len(ident) < 8:
+        raise ConfigError(f"experiment id {ident!r} is too short: give 8+ characters")
+    matches = [r for r in _flow_runs(200) if str(r.id).startswith(ident)]
+    if len(matches) != 1:
+        found = "no" if not matches else f"{len(matches)}"
+        raise DetTasksError(f"{found} experiment runs match {ident!r}: give more characters")
+    return matches[0]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m flows.submit")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args()
+    try:
+        sys.exit(parsed.func(parsed))
+    except DetTasksError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

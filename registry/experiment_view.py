@@ -1,0 +1,140 @@
+"""What ``det-tasks experiment list/describe`` show from MLflow: an experiment run's trials,
+their progress and best metric, and the best checkpoint; and a trial id -> checkpoint lookup
+for ``context.load_checkpoint_trial(trial_id=...)``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from det_tasks.errors import DetTasksError
+from registry.checkpoints import checkpoint_records
+from registry.models import trial_runs
+from registry.settings import RegistrySettings
+from registry.tracking import EXPERIMENT_RUN_TAG, TRIAL_TAG, client_for
+
+__all__ = [
+    "ExperimentView",
+    "TrialView",
+    "describe_experiment_run",
+    "resolve_trial_checkpoint",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialView:
+    trial_id: str
+    run_id: str
+    state: str
+    batches: int
+    metric: float | None
+    checkpoint: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentView:
+    name: str
+    experiment_id: str
+    parent_run_id: str
+    metric: str
+    smaller_is_better: bool
+    trials: list[TrialView]
+
+    @property
+    def best(self) -> TrialView | None:
+        scored = [t for t in self.trials if t.metric is not None]
+        if not scored:
+            return None
+        sign = 1.0 if self.smaller_is_better else -1.0
+        return min(scored, key=lambda t: sign * float(t.metric))  # type: ignore[arg-type]
+
+
+def _best_record(
+    records: list[dict[str, Any]], metric: str, smaller: bool
+) -> tuple[float | None, str | None]:
+    scored = [
+        (float(r["validation_metrics"][metric]), r["uri"])
+        for r in records
+        if isinstance((r.get("validation_metrics") or {}).get(metric), int | float)
+    ]
+    if not scored:
+        return None, records[-1]["uri"] if records else None
+    value, uri = min(scored, key=lambda s: s[0] if smaller else -s[0])
+    return value, uri
+
+
+def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> TrialView:
+    records = checkpoint_records(client, run.info.run_id)
+    value, uri = _best_record(records, metric, smaller)
+    batches = run.data.metrics.get("batches", 0)
+    if records:
+        batches = max(batches, max(int(r.get("steps_completed", 0)) for r in records))
+    return TrialView(
+        trial_id=run.data.tags.get(TRIAL_TAG, "?"),
+        run_id=run.info.run_id,
+        state=run.info.status,
+        batches=int(batches),
+        metric=value,
+        checkpoint=uri,
+    )
+
+
+def describe_experiment_run(client: MlflowClient, run_key: str) -> ExperimentView | None:
+    """The MLflow side of the experiment run ``run_key`` (the Prefect flow-run id)."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return None
+    parents = client.search_runs(
+        experiments, filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{run_key}'", max_results=1
+    )
+    if not parents:
+        return None
+    parent = parents[0]
+    metric = parent.data.tags.get("det.searcher.metric", "")
+    smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
+    trials = [_trial_view(client, run, metric, smaller) for run in trial_runs(client, parent)]
+    trials.sort(key=lambda t: int(t.trial_id) if t.trial_id.isdigit() else 0)
+    name = client.get_experiment(parent.info.experiment_id).name
+    return ExperimentView(
+        name, parent.info.experiment_id, parent.info.run_id, metric, smaller, trials
+    )
+
+
+def resolve_trial_checkpoint(trial_id: Any) -> str:
+    """The best checkpoint URI of a trial, named by its MLflow run id or by a trial number
+    that exactly one trial run carries."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise DetTasksError(
+            f"trial_id={trial_id!r} needs MLFLOW_TRACKING_URI to find the trial's checkpoint"
+        )
+    client = client_for(settings.tracking_uri)
+    text = str(trial_id).strip()
+    if re.fullmatch(r"[0-9a-f]{32}", text):
+        run = client.get_run(text)
+    else:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(
+            experiments, filter_string=f"tags.`{TRIAL_TAG}` = '{text}'", max_results=50
+        )
+        if not runs:
+            raise DetTasksError(f"no trial run in MLflow has trial id {text!r}")
+        if len(runs) > 1:
+            ids = ", ".join(r.info.run_id for r in runs[:5])
+            raise DetTasksError(
+                f"trial id {text!r} names {len(runs)} trial runs (one per experiment run); "
+                f"give the MLflow run id of the one you mean, e.g. one of: {ids} "
+                "(`det-tasks experiment describe ID` lists them)"
+            )
+        run = runs[0]
+    parent_id = run.data.tags.get("mlflow.parentRunId")
+    tags = client.get_run(parent_id).data.tags if parent_id else {}
+    metric = tags.get("det.searcher.metric", "")
+    smaller = tags.get("det.searcher.smaller_is_better", "True") == "True"
+    view = _trial_view(client, run, metric, smaller)
+    if view.checkpoint is None:
+        raise DetTasksError(f"trial {text!r} (run {run.info.run_id}) has no checkpoint yet")
+    return view.checkpoint

@@ -31,16 +31,24 @@ def deployment_latency() -> dict[str, float]:
     from registry.tracking import client_for
 
     t0 = time.time()
-    flow_run = run_deployment("experiment/const", timeout=600,
-                              parameters={"overrides": ["searcher.max_length={batches: 20}"]})
+    flow_run = run_deployment(
+        "experiment/const",
+        timeout=600,
+        parameters={"overrides": ["searcher.max_length={batches: 20}"]},
+    )
     with get_client(sync_client=True) as client:
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[flow_run.id])))
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
     task = min(tasks, key=lambda t: t.start_time)
     mlflow = client_for(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.get_experiment_by_name("mnist-const")
-    trial = mlflow.search_runs([exp.experiment_id], filter_string="tags.`det.trial_id` = '1'",
-                               order_by=["attributes.start_time DESC"], max_results=1)[0]
+    trial = mlflow.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`det.trial_id` = '1'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )[0]
     return {
         "submit_to_flow_running_s": flow_run.start_time.timestamp() - t0,
         "submit_to_task_running_s": task.start_time.timestamp() - t0,
@@ -57,9 +65,12 @@ def grid_speedup(trials: int) -> dict[str, float]:
     from flows.experiment import experiment
 
     config = ROOT / "tests/fixtures/flow_model/grid.yaml"
-    overrides = [f"searcher.max_trials={trials}", "hyperparameters.learning_rate.vals="
-                 + json.dumps([0.01 * (i + 1) for i in range(trials)]),
-                 "hyperparameters.hidden.vals=[4]", "searcher.max_length={batches: 200}"]
+    overrides = [
+        f"searcher.max_trials={trials}",
+        "hyperparameters.learning_rate.vals=" + json.dumps([0.01 * (i + 1) for i in range(trials)]),
+        "hyperparameters.hidden.vals=[4]",
+        "searcher.max_length={batches: 200}",
+    ]
     t0 = time.perf_counter()
     experiment(str(config), overrides)
     flow_s = time.perf_counter() - t0
@@ -68,14 +79,22 @@ def grid_speedup(trials: int) -> dict[str, float]:
         t0 = time.perf_counter()
         for i in range(trials):
             with tempfile.TemporaryDirectory() as tmp:
-                run_trial(config, overrides=overrides, checkpoint_dir=tmp, progress=False,
-                          hparams={"global_batch_size": 8, "learning_rate": 0.01 * (i + 1),
-                                   "hidden": 4})
+                run_trial(
+                    config,
+                    overrides=overrides,
+                    checkpoint_dir=tmp,
+                    progress=False,
+                    hparams={"global_batch_size": 8, "learning_rate": 0.01 * (i + 1), "hidden": 4},
+                )
         serial_s = time.perf_counter() - t0
     finally:
         os.environ["MLFLOW_TRACKING_URI"] = saved
-    return {"trials": trials, "flow_concurrency_2_s": flow_s, "back_to_back_s": serial_s,
-            "flow_over_serial_half": flow_s / (serial_s / 2)}
+    return {
+        "trials": trials,
+        "flow_concurrency_2_s": flow_s,
+        "back_to_back_s": serial_s,
+        "flow_over_serial_half": flow_s / (serial_s / 2),
+    }
 
 
 def main() -> None:

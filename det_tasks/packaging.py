@@ -46,12 +46,12 @@ class PackedModel:
     total_bytes: int
 
 
-def _ignore_spec(model_dir: Path) -> pathspec.PathSpec:
+def _ignore_spec(model_dir: Path) -> pathspec.GitIgnoreSpec:
     lines = list(ALWAYS_IGNORED)
     detignore = model_dir / ".detignore"
     if detignore.is_file():
         lines += detignore.read_text(encoding="utf-8", errors="replace").splitlines()
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _files(model_dir: Path) -> list[tuple[str, Path]]:
@@ -59,9 +59,7 @@ def _files(model_dir: Path) -> list[tuple[str, Path]]:
     found: list[tuple[str, Path]] = []
     for root, dirs, names in os.walk(model_dir):
         rel_root = Path(root).relative_to(model_dir)
-        dirs[:] = sorted(
-            d for d in dirs if not spec.match_file(f"{(rel_root / d).as_posix()}/")
-        )
+        dirs[:] = sorted(d for d in dirs if not spec.match_file(f"{(rel_root / d).as_posix()}/"))
         for name in sorted(names):
             rel = (rel_root / name).as_posix()
             path = Path(root) / name

@@ -30,8 +30,13 @@ def register(sub: Any) -> None:
     create = exp_sub.add_parser("create", help="validate, ship MODEL_DIR and start the flow")
     create.add_argument("config", type=Path)
     create.add_argument("model_dir", type=Path)
-    create.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override, e.g. hyperparameters.learning_rate=0.5")
+    create.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. hyperparameters.learning_rate=0.5",
+    )
     _submit_options(create, EXPERIMENT_DEPLOYMENT)
     create.set_defaults(func=cmd_experiment_create)
     listing = exp_sub.add_parser("list", help="recent experiment runs, newest first")
@@ -51,11 +56,19 @@ def register(sub: Any) -> None:
 
 
 def _submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
-    parser.add_argument("--follow", "-f", action="store_true",
-                        help="stream the run's logs and exit with its final state")
+    parser.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="stream the run's logs and exit with its final state",
+    )
     parser.add_argument("--deployment", default=deployment, help=f"default: {deployment}")
-    parser.add_argument("--max-package-mb", type=float, default=96.0,
-                        help="refuse model directories larger than this (default 96)")
+    parser.add_argument(
+        "--max-package-mb",
+        type=float,
+        default=96.0,
+        help="refuse model directories larger than this (default 96)",
+    )
 
 
 def _ship(model_dir: Path, max_mb: float) -> str:
@@ -65,8 +78,10 @@ def _ship(model_dir: Path, max_mb: float) -> str:
     packed = pack_model_dir(model_dir, max_bytes=int(max_mb * 2**20))
     uri, uploaded = upload_package(packed)
     verb = "Uploaded" if uploaded else "Reusing identical, already uploaded"
-    print(f"Preparing files to send: {len(packed.files)} files, "
-          f"{packed.total_bytes / 1024:.1f} KB. {verb} package {uri}")
+    print(
+        f"Preparing files to send: {len(packed.files)} files, "
+        f"{packed.total_bytes / 1024:.1f} KB. {verb} package {uri}"
+    )
     return uri
 
 
@@ -192,14 +207,18 @@ def cmd_experiment_list(args: argparse.Namespace) -> int:
     for run in _flow_runs(args.limit):
         view = describe_experiment_run(client, str(run.id))
         best = view.best if view else None
-        rows.append([
-            str(run.id),
-            view.name if view else run.parameters.get("config", ""),
-            run.state.type.value if run.state else "",
-            f"{run.start_time:%Y-%m-%d %H:%M}" if run.start_time else "",
-            len(view.trials) if view else 0,
-            f"{view.metric}={best.metric:.6g}" if view and best and best.metric is not None else "",
-        ])
+        rows.append(
+            [
+                str(run.id),
+                view.name if view else run.parameters.get("config", ""),
+                run.state.type.value if run.state else "",
+                f"{run.start_time:%Y-%m-%d %H:%M}" if run.start_time else "",
+                len(view.trials) if view else 0,
+                f"{view.metric}={best.metric:.6g}"
+                if view and best and best.metric is not None
+                else "",
+            ]
+        )
     _table(rows, ["id", "experiment", "state", "started", "trials", "best"])
     return 0
 
@@ -216,16 +235,26 @@ def cmd_experiment_describe(args: argparse.Namespace) -> int:
     if view is None:
         print("  no MLflow runs yet")
         return 0
-    print(f"  MLflow experiment {view.name!r} (id {view.experiment_id}), parent run "
-          f"{view.parent_run_id}; searcher metric {view.metric!r} "
-          f"({'smaller' if view.smaller_is_better else 'larger'} is better)")
+    print(
+        f"  MLflow experiment {view.name!r} (id {view.experiment_id}), parent run "
+        f"{view.parent_run_id}; searcher metric {view.metric!r} "
+        f"({'smaller' if view.smaller_is_better else 'larger'} is better)"
+    )
     rows = [
-        [t.trial_id, t.run_id, t.state, t.batches,
-         "" if t.metric is None else f"{t.metric:.6g}", t.checkpoint]
+        [
+            t.trial_id,
+            t.run_id,
+            t.state,
+            t.batches,
+            "" if t.metric is None else f"{t.metric:.6g}",
+            t.checkpoint,
+        ]
         for t in view.trials
     ]
-    _table(rows, ["trial", "mlflow run", "state", "batches", view.metric or "metric",
-                  "best checkpoint"])
+    _table(
+        rows,
+        ["trial", "mlflow run", "state", "batches", view.metric or "metric", "best checkpoint"],
+    )
     best = view.best
     if best is not None:
         print(f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g}, {best.checkpoint}")

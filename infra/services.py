@@ -32,6 +32,7 @@ class Service:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
+    cwd: Path | None = None  # working directory of the process (default: inherited)
 
     @property
     def pidfile(self) -> Path:
@@ -94,6 +95,7 @@ def start(service: Service) -> bool:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **service.env},
+            cwd=service.cwd,
             start_new_session=True,
         )
     service.pidfile.write_text(str(proc.pid))

@@ -30,7 +30,9 @@ def _bucket(settings: RegistrySettings) -> str:
     return settings.bucket
 
 
-def upload_package(packed: PackedModel, settings: RegistrySettings | None = None) -> tuple[str, bool]:
+def upload_package(
+    packed: PackedModel, settings: RegistrySettings | None = None
+) -> tuple[str, bool]:
     """Upload ``packed`` unless that content is already there; returns (URI, uploaded)."""
     settings = settings or RegistrySettings.from_env()
     bucket = _bucket(settings)

@@ -44,10 +44,12 @@ class _HorovodCollectives:
         self._hvd = hvd
 
     def allgather(self, obj: Any) -> list[Any]:
-        return list(self._hvd.allgather_object(obj))
+        # Explicit names: Horovod's default is the object's type name, so a chief sending a
+        # str while the others send None would wait on different operations forever.
+        return list(self._hvd.allgather_object(obj, name="det_tasks.allgather"))
 
     def broadcast(self, obj: Any) -> Any:
-        return self._hvd.broadcast_object(obj, root_rank=0)
+        return self._hvd.broadcast_object(obj, root_rank=0, name="det_tasks.broadcast")
 
     def close(self) -> None:
         self._hvd.shutdown()

@@ -136,16 +136,19 @@ class DataLoader:
             batch_sampler = torch.utils.data.BatchSampler(
                 sampler, self.batch_size, drop_last=self.drop_last
             )
+        # Determined's order: repeat, skip, then deal batches round-robin to the ranks. A
+        # trained batch on each of N ranks is N per-slot batches of the underlying stream.
         epoch_len = len(batch_sampler)
+        skip *= size
         if skip and epoch_len and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(skip // epoch_len)
             skip %= epoch_len
-        if size > 1:
-            batch_sampler = samplers.DistributedBatchSampler(batch_sampler, size, rank)
         if repeat:
             batch_sampler = samplers.RepeatBatchSampler(batch_sampler)
         if skip:
             batch_sampler = samplers.SkipBatchSampler(batch_sampler, skip)
+        if size > 1:
+            batch_sampler = samplers.DistributedBatchSampler(batch_sampler, size, rank)
         return batch_sampler
 
     def get_data_loader(

@@ -205,7 +205,13 @@ class TrialController:
         self._val_loader = _check_loader(
             self.trial.build_validation_data_loader(), "validation", ctx
         )
-        epoch_len = len(train_loader)
+        # Global batches per epoch: each takes one per-slot batch from every rank.
+        epoch_len = len(train_loader) // self.dist.size
+        if epoch_len == 0 and len(train_loader) > 0:
+            raise TrialError(
+                f"the training loader has {len(train_loader)} per-slot batches per epoch, "
+                f"fewer than the {self.dist.size} workers: use more data or fewer slots"
+            )
         if epoch_len == 0:
             raise TrialError("build_training_data_loader() returned a loader with no batches")
         self.epoch_len = epoch_len

@@ -86,10 +86,12 @@ SkipSampler = SkipBatchSampler
 
 
 class DistributedBatchSampler(torch.utils.data.Sampler):
-    """Rank r takes every size-th record of each global batch, starting at r.
+    """Rank r takes batches r, r+N, r+2N, ... of the underlying batch sampler.
 
-    Determined's order: the per-slot batches of one global batch are disjoint and together
-    hold exactly the global batch's records.
+    Determined's order: the DataLoader's batch size is the per-slot batch size, and one
+    global batch is N consecutive per-slot batches, one per rank. Over a non-repeating
+    sampler whose length N does not divide, the first ranks get one batch more (validation
+    tolerates that; training always wraps a repeating sampler).
     """
 
     def __init__(self, batch_sampler: Any, num_workers: int, rank: int) -> None:
@@ -100,17 +102,13 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         self.rank = rank
 
     def __len__(self) -> int:
-        return len(self.batch_sampler)
+        n = len(self.batch_sampler)
+        return n // self.num_workers + int(n % self.num_workers > self.rank)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self.batch_sampler:
-            shard = list(batch)[self.rank :: self.num_workers]
-            if not shard:
-                raise ValueError(
-                    f"a global batch of {len(batch)} records cannot feed {self.num_workers} "
-                    "workers; raise global_batch_size or lower slots_per_trial"
-                )
-            yield shard
+        for i, batch in enumerate(self.batch_sampler):
+            if i % self.num_workers == self.rank:
+                yield batch
 
 
 class DistributedSampler(torch.utils.data.Sampler):

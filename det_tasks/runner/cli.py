@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import json
 import logging
 import sys
@@ -58,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: hung ranks
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -71,8 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args.config)
             print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
             return 0
-        from det_tasks.runner.local import run_trial
+        from det_tasks.runner import launcher
+        from det_tasks.runner.local import load_raw_config, run_trial
 
+        if not launcher.inside_worker_group():
+            _, config = load_raw_config(Path(args.config), args.param)
+            slots = config.resources.slots_per_trial
+            if slots > 1:
+                backend = launcher.resolve_backend(config.resources.distributed_backend)
+                argv_ = list(sys.argv[1:] if argv is None else argv)
+                return launcher.run_workers(slots, backend, ["-m", "det_tasks.runner.cli", *argv_])
         result = run_trial(
             args.config,
             args.model_dir,
@@ -100,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hparams": result.hparams,
     }
     text = json.dumps(summary, indent=2, default=str)
+    if launcher.worker_rank() != 0:
+        return 0  # the chief reports for the trial
     if getattr(args, "summary_file", None):
         Path(args.summary_file).write_text(text)
     print(text)

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import tempfile
 import runpy
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from det_tasks.gc import collect_garbage
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch._trainer import length_to_unit, store_from_config
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
+from det_tasks.runner import launcher
 from det_tasks.runner.entrypoint import (
     load_trial_class,
     model_dir_on_path,
@@ -80,12 +82,16 @@ def run_trial(
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
     raw, config = load_raw_config(config_path, overrides)
-    if config.resources.slots_per_trial > 1:
+    if config.resources.slots_per_trial > 1 and not launcher.inside_worker_group():
         raise ConfigError(
-            f"resources.slots_per_trial={config.resources.slots_per_trial}: `det-tasks run` "
-            "trains in one process; launch several workers with torchrun/horovodrun, or set "
-            "resources.slots_per_trial: 1 (e.g. --param resources.slots_per_trial=1)"
+            f"resources.slots_per_trial={config.resources.slots_per_trial}: run_trial() trains "
+            "in this one process; use `det-tasks run`, which starts the workers with "
+            "torchrun/horovodrun, or set resources.slots_per_trial: 1"
         )
+    chief = launcher.worker_rank() == 0
+    if not chief:  # only the chief logs to MLflow and writes checkpoints
+        progress = False
+        checkpoint_dir = checkpoint_dir or tempfile.mkdtemp(prefix="det-tasks-rank-")
     if hparams is None:
         hparams = sample_hparams(
             config.hyperparameters, random.Random(config.reproducibility.experiment_seed)

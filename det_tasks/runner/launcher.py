@@ -1,0 +1,100 @@
+"""Start a trial's N data-parallel workers: ``torchrun`` or ``horovodrun``, from one config.
+
+``resources.slots_per_trial: N`` with ``resources.distributed_backend: torch | horovod |
+auto`` (auto = Horovod when it is installed, else torch.distributed). One worker per GPU
+when GPUs exist, else N CPU processes sharing the cores (Gloo). Every worker runs the same
+``det-tasks run`` command; the launchers prefix each output line with the rank and stop
+every worker when one fails, and this module turns that into one exit code.
+Multi-node: ``DET_TASKS_HOSTS="host1:4,host2:4"`` (horovodrun ``-H``) or, for torchrun,
+``DET_TASKS_NNODES``/``DET_TASKS_NODE_RANK``/``DET_TASKS_RDZV_ENDPOINT`` on every node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from det_tasks.errors import ConfigError
+
+__all__ = ["inside_worker_group", "launch_command", "resolve_backend", "run_workers"]
+
+
+def inside_worker_group() -> bool:
+    """True in a process that torchrun or horovodrun started."""
+    return "HOROVOD_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def worker_rank() -> int:
+    return int(os.environ.get("HOROVOD_RANK") or os.environ.get("RANK") or 0)
+
+
+def resolve_backend(requested: str) -> str:
+    """``auto`` -> horovod when importable, else torch; horovod when missing is an error."""
+    has_horovod = importlib.util.find_spec("horovod") is not None
+    if requested == "auto":
+        return "horovod" if has_horovod else "torch"
+    if requested == "horovod" and not has_horovod:
+        raise ConfigError(
+            "resources.distributed_backend is horovod but Horovod is not installed: run "
+            "`make horovod` (builds and caches it), or set distributed_backend: torch"
+        )
+    return requested
+
+
+def _threads_per_worker(slots: int) -> int:
+    return max((os.cpu_count() or 1) // slots, 1)
+
+
+def launch_command(slots: int, backend: str, worker_argv: Sequence[str]) -> list[str]:
+    """The launcher command line that runs ``worker_argv`` (a Python module call) N times."""
+    python = [sys.executable, *worker_argv]
+    if backend == "torch":
+        nnodes = os.environ.get("DET_TASKS_NNODES", "1")
+        if nnodes == "1":
+            placement = ["--standalone", "--nnodes", "1"]
+        else:
+            placement = [
+                "--nnodes", nnodes,
+                "--node-rank", os.environ.get("DET_TASKS_NODE_RANK", "0"),
+                "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", os.environ["DET_TASKS_RDZV_ENDPOINT"],
+            ]  # fmt: skip
+        return [
+            sys.executable, "-m", "torch.distributed.run", *placement,
+            "--nproc-per-node", str(slots), "--tee", "3", "--role", "rank",
+            "--max-restarts", "0", "--no-python", *python,
+        ]  # fmt: skip
+    horovodrun = shutil.which("horovodrun") or os.path.join(
+        os.path.dirname(sys.executable), "horovodrun"
+    )
+    hosts = os.environ.get("DET_TASKS_HOSTS")
+    placement = ["-H", hosts] if hosts else []
+    return [horovodrun, "-np", str(slots), *placement, "--gloo", *python]
+
+
+def run_workers(slots: int, backend: str, worker_argv: Sequence[str]) -> int:
+    """Run the workers to completion; returns the launcher's exit code (0 = every rank ok)."""
+    command = launch_command(slots, backend, worker_argv)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(slots)))
+    env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _kill_group(proc)  # a launcher that exits leaves no worker behind
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,examples,platform
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install check lint typecheck test test-slow test-gpu demo demo-local bench clean up down deploy
+.PHONY: install horovod check lint typecheck test test-slow test-gpu demo demo-local bench clean up down deploy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
+
+# Horovod 0.28.1 against the venv's torch (recipe in ../shared/FACTS.md); the built wheel is
+# cached under ~/.cache/det_tasks/wheels, so a second install takes seconds.
+horovod: install
+	PYTHON=$(BIN)/python bash infra/build_horovod.sh
 
 SOURCES := det_tasks registry flows infra tests bench examples
 

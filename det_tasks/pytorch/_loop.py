@@ -283,7 +283,8 @@ class TrialController:
         self.latest_validation = metrics
         if self.dist.is_chief:
             self.sink.report_validation(self.batches_trained, metrics)
-        if self._should_checkpoint_after_validation(metrics):
+        already_saved = self.last_checkpoint_batch == self.batches_trained
+        if not already_saved and self._should_checkpoint_after_validation(metrics):
             self._checkpoint()
 
     def _should_checkpoint_after_validation(self, metrics: dict[str, Any]) -> bool:

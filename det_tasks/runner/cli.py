@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
-import signal
 import json
 import logging
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -61,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: hung ranks
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        with contextlib.suppress(OSError, ValueError):  # no real stderr (captured in tests)
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import os
 import random
-import tempfile
 import runpy
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 

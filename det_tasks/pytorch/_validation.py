@@ -99,12 +99,14 @@ def _by_batch(
         outputs.append(detach_metrics(result))
         if test_mode:
             break
-    if not outputs and isinstance(loader, DataLoader | torch.utils.data.DataLoader):
-        raise TrialError("build_validation_data_loader() returned a loader with no batches")
     plain = materialize(outputs)
     for cb in callbacks.values():
         cb.on_validation_epoch_end(plain)
-    return reduce_batch_metrics(trial.evaluation_reducer(), dist.allgather(plain))
+    # With fewer batches than ranks some ranks see none; only an empty loader is a mistake.
+    everyone = dist.allgather(plain)
+    if not any(everyone) and isinstance(loader, DataLoader | torch.utils.data.DataLoader):
+        raise TrialError("build_validation_data_loader() returned a loader with no batches")
+    return reduce_batch_metrics(trial.evaluation_reducer(), everyone)
 
 
 def _full_dataset(trial: Any, context: PyTorchTrialContext, loader: Any) -> dict[str, Any]:

@@ -11,13 +11,18 @@ Multi-node: ``DET_TASKS_HOSTS="host1:4,host2:4"`` (horovodrun ``-H``) or, for to
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
 
 from det_tasks.errors import ConfigError
 
@@ -78,23 +83,64 @@ def launch_command(slots: int, backend: str, worker_argv: Sequence[str]) -> list
 
 
 def run_workers(slots: int, backend: str, worker_argv: Sequence[str]) -> int:
-    """Run the workers to completion; returns the launcher's exit code (0 = every rank ok)."""
+    """Run the workers to completion; returns the launcher's exit code (0 = every rank ok).
+
+    Whatever ends this call (the workers, SIGTERM/SIGINT to this process, an exception)
+    ends every worker too: horovodrun starts each rank in a process group of its own, so
+    the whole process tree is collected first and stopped, not just one group.
+    """
     command = launch_command(slots, backend, worker_argv)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(slots)))
     env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
     proc = subprocess.Popen(command, env=env, start_new_session=True)
+    restore = _raise_on_termination()
     try:
         return proc.wait()
-    except BaseException:
-        _kill_group(proc)
-        raise
+    except _Terminated as stop:
+        return 128 + stop.signum
     finally:
-        _kill_group(proc)  # a launcher that exits leaves no worker behind
+        restore()
+        _stop_tree(proc)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _raise_on_termination() -> Callable[[], None]:
+    """Turn SIGTERM/SIGINT into an exception while waiting, so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def _stop_tree(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)

@@ -136,3 +136,27 @@ def test_a_failing_rank_fails_the_trial_with_its_error_and_leaves_no_worker(
         ["pgrep", "-f", f"data.out_dir={tmp_path}"], capture_output=True, text=True
     )
     assert leftover.stdout.strip() == "", "a worker outlived the failed trial"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_terminating_the_launcher_stops_every_worker(model, tmp_path, backend):
+    """A flow task cancelled (SIGTERM) mid-training must not leave ranks running: horovodrun
+    starts each rank in a process group of its own, so killing one group is not enough."""
+    argv = [
+        sys.executable, "-m", "det_tasks.runner.cli", "run", str(model / "line.yaml"),
+        "--no-progress", "--checkpoint-dir", str(tmp_path / "checkpoints"),
+        "--param", f"data.out_dir={tmp_path}", "--param", "searcher.max_length.batches=100000",
+        "--param", f"resources.distributed_backend={backend}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "weights-rank1.jsonl").exists():  # both ranks are training
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.terminate()
+    assert proc.wait(timeout=60) != 0
+    time.sleep(0.5)
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"data.out_dir={tmp_path}"], capture_output=True, text=True
+    )
+    assert leftover.stdout.strip() == "", "a worker outlived its terminated launcher"

@@ -134,6 +134,8 @@ class OptimizationsConfig(_Strict):
     tensor_fusion_threshold: int | None = None
     tensor_fusion_cycle_time: int | None = None
     auto_tune_tensor_fusion: bool | None = None
+    # det_tasks extension: what a NaN/inf training loss does (see pytorch/_nonfinite.py).
+    nonfinite_loss: Literal["error", "skip"] = "error"
 
 
 class ResourcesConfig(_Strict):

@@ -20,6 +20,7 @@ from det_tasks.errors import TrialError
 from det_tasks.pytorch import _amp, _parallel
 from det_tasks.pytorch._data import to_device
 from det_tasks.pytorch._lr_scheduler import LRScheduler
+from det_tasks.pytorch._nonfinite import NonFiniteGuard
 from det_tasks.pytorch._reducer import MetricReducer, _FunctionReducer, to_python
 from det_tasks.pytorch._trainer_api import TrainerAPIMixin
 
@@ -49,6 +50,7 @@ class TrialSettings:
     tensorboard_path: Path | None = None
     enable_tensorboard_logging: bool = True
     managed_training: bool = True
+    nonfinite_loss: str = "error"
 
 
 class PyTorchExperimentalContext:
@@ -153,6 +155,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
         self._metrics_sink = metrics_sink
         self._checkpoint_store = checkpoint_store
         self._tensorboard_writer: Any = None
+        self._nonfinite = NonFiniteGuard(
+            settings.nonfinite_loss, self.device, self.distributed.size
+        )
 
     # ---- configuration and hyperparameters -------------------------------------------
     @property
@@ -361,6 +366,8 @@ class PyTorchTrialContext(TrainerAPIMixin):
         """loss.backward(), scaled when AMP is automatic."""
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"context.backward takes a tensor, got {type(loss).__name__}")
+        if not self._nonfinite.admit(loss, self._current_batch_idx):
+            return
         if self.experimental._auto_amp and self._scaler is not None:
             loss = self._scaler.scale(loss)
         loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
@@ -388,6 +395,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
                 "harness after each aggregated step"
             )
         if not self._should_communicate_and_update():
+            return
+        if not self._nonfinite.allow_step():  # every batch of this step had a NaN/inf loss
+            optimizer.zero_grad()
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
         _parallel.synchronize(optimizer)

@@ -247,6 +247,7 @@ class TrialController:
 
     # ---- reporting and validation ---------------------------------------------------------
     def _report_training(self) -> None:
+        self.context._nonfinite.check()  # before any metric or checkpoint of bad weights
         if not len(self._buffer):
             return
         avg, batch_metrics = self._buffer.flush()

@@ -104,6 +104,7 @@ def init(
         model_dir=Path(model_dir) if model_dir is not None else None,
         enable_tensorboard_logging=enable_tensorboard_logging,
         tensorboard_path=tensorboard_path,
+        nonfinite_loss=str(optimizations.get("nonfinite_loss", "error")),
     )
     return PyTorchTrialContext(
         settings,

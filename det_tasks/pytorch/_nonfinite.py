@@ -1,0 +1,93 @@
+"""What happens when a training loss is NaN or infinite: never silently train on.
+
+``optimizations.nonfinite_loss`` (a det_tasks extension of Determined's config):
+
+- ``error`` (default): the trial stops with an error naming the first such batch. On CPU
+  that is the batch itself; on a GPU the check is deferred to the next reporting,
+  validation or checkpoint boundary (a per-step host sync would stall the launch
+  pipeline), still before any checkpoint or metric of the poisoned weights is written.
+- ``skip``: the batch contributes no gradient, and an optimizer step whose every batch
+  was skipped does not happen (momentum would otherwise still move the weights). Each
+  skip is counted and warned about. Single-process only: ranks would disagree on steps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from det_tasks.errors import ConfigError, TrialError
+
+__all__ = ["POLICIES", "NonFiniteGuard"]
+
+POLICIES = ("error", "skip")
+log = logging.getLogger(__name__)
+
+
+class NonFiniteGuard:
+    def __init__(self, policy: str, device: torch.device, world_size: int) -> None:
+        if policy not in POLICIES:
+            raise ConfigError(
+                f"optimizations.nonfinite_loss = {policy!r} is invalid: use one of {POLICIES}"
+            )
+        if policy == "skip" and world_size > 1:
+            raise ConfigError(
+                "optimizations.nonfinite_loss = 'skip' is not supported with "
+                f"{world_size} workers (ranks would disagree on which steps happen); use "
+                "'error', or slots_per_trial: 1"
+            )
+        self.policy = policy
+        self._eager = device.type == "cpu"
+        self._first_bad: torch.Tensor | None = None  # device scalar: batch index, or -1
+        self._window_has_grads = False
+        self.skipped_batches = 0
+
+    def admit(self, loss: torch.Tensor, batch_idx: int) -> bool:
+        """Whether ``loss.backward()`` should run for this batch."""
+        finite = torch.isfinite(loss.detach()).all()
+        if self.policy == "skip":
+            if not bool(finite):
+                self.skipped_batches += 1
+                log.warning(
+                    "batch %d: non-finite loss %s, skipped (%d so far; "
+                    "optimizations.nonfinite_loss = skip)",
+                    batch_idx, loss.detach().flatten()[:1].tolist(), self.skipped_batches,
+                )  # fmt: skip
+                return False
+            self._window_has_grads = True
+            return True
+        if self._eager:
+            if not bool(finite):
+                raise self._error(batch_idx)
+            return True
+        index = torch.tensor(batch_idx, device=loss.device)
+        bad = torch.where(finite, torch.tensor(-1, device=loss.device), index)
+        if self._first_bad is None:
+            self._first_bad = bad
+        else:
+            self._first_bad = torch.where(self._first_bad >= 0, self._first_bad, bad)
+        return True
+
+    def allow_step(self) -> bool:
+        """At an optimizer-step boundary: False when every batch of the window was skipped."""
+        if self.policy != "skip":
+            return True
+        allowed, self._window_has_grads = self._window_has_grads, False
+        return allowed
+
+    def check(self) -> None:
+        """Raise for a deferred non-finite loss (called at reporting/checkpoint boundaries)."""
+        if self._first_bad is not None:
+            first = int(self._first_bad)
+            self._first_bad = None
+            if first >= 0:
+                raise self._error(first)
+
+    @staticmethod
+    def _error(batch_idx: int) -> TrialError:
+        return TrialError(
+            f"training loss is NaN or infinite at batch {batch_idx}: stopping instead of "
+            "training on. Lower the learning rate, clip gradients (step_optimizer("
+            "clip_grads=...)), check the data, or set optimizations.nonfinite_loss: skip"
+        )

@@ -1,0 +1,77 @@
+"""Fuzzing the experiment-config loader: random YAML text and random documents (wrong
+types, huge numbers, deep nesting, aliases) give a validated config or one ConfigError,
+never another exception, and quickly."""
+
+from __future__ import annotations
+
+import time
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from det_tasks.config.loader import parse_config, parse_yaml_text
+from det_tasks.errors import ConfigError
+
+FIELDS = [
+    "entrypoint",
+    "hyperparameters",
+    "searcher",
+    "resources",
+    "optimizations",
+    "max_restarts",
+    "checkpoint_storage",
+    "min_validation_period",
+    "records_per_epoch",
+    "name",
+    "metric",
+    "max_length",
+    "global_batch_size",
+    "type",
+    "vals",
+    "batches",
+]
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+)  # fmt: skip
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), inner, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+def load(text: str) -> None:
+    started = time.perf_counter()
+    try:
+        parse_config(parse_yaml_text(text, "fuzz.yaml"), source="fuzz.yaml")
+    except ConfigError:
+        pass
+    assert time.perf_counter() - started < 2.0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents)
+def test_random_documents_validate_or_raise_config_error(document):
+    load(yaml.safe_dump(document))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab:{}[]-&*!|>'\"#\n @%12.,")), max_size=80))
+def test_random_yaml_text_validates_or_raises_config_error(text):
+    load(text)
+
+
+def test_deep_nesting_and_alias_bombs():
+    load("a: " + "[" * 5000 + "]" * 5000)
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)
+    )
+    load(bomb)

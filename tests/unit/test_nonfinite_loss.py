@@ -1,0 +1,100 @@
+"""A NaN/inf training loss never trains on silently: `error` stops naming the batch before
+any checkpoint of the poisoned weights; `skip` drops exactly those optimizer steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from det_tasks import pytorch
+from det_tasks.errors import ConfigError, TrialError
+from det_tasks.sinks import InMemoryMetricsSink
+from det_tasks.storage import LocalDirectoryStore
+from tests.fixtures.trials import OneVarTrial
+
+
+class PoisonedTrial(OneVarTrial):
+    """The one-variable model, with a NaN (or inf) loss at chosen batches."""
+
+    poisoned: tuple[int, ...] = (4,)
+    value = float("nan")
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        data, labels = batch
+        loss = torch.nn.functional.mse_loss(self.model(data), labels)
+        if batch_idx in self.poisoned:
+            loss = loss * self.value
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        self.weights.append(float(self.model.weight.detach()))
+        return {"loss": loss}
+
+
+def fit(tmp_path, trial_class, policy: str | None, batches: int = 10, **conf: Any):
+    optimizations = {"nonfinite_loss": policy} if policy else {}
+    sink = InMemoryMetricsSink()
+    ctx = pytorch.init(
+        hparams={"learning_rate": 0.1, "global_batch_size": 4},
+        exp_conf={"optimizations": {**optimizations, **conf}},
+        metrics_sink=sink,
+        checkpoint_store=LocalDirectoryStore(tmp_path),
+    )
+    trial = trial_class(ctx)
+    pytorch.Trainer(trial, ctx).fit(
+        max_length=pytorch.Batch(batches),
+        checkpoint_period=pytorch.Batch(2),
+        checkpoint_policy="all",
+    )
+    return trial, sink
+
+
+def test_error_names_the_batch_and_writes_nothing_after_it(tmp_path):
+    with pytest.raises(TrialError, match="NaN or infinite at batch 4"):
+        fit(tmp_path, PoisonedTrial, None)
+    # Checkpoints at batches 2 and 4 only: the one due at batch 5 (after the NaN) is not.
+    from det_tasks.checkpoint_format import read_json
+
+    steps = sorted(
+        read_json(p / "metadata.json")["steps_completed"]
+        for p in tmp_path.iterdir()
+        if not p.name.startswith(".")
+    )
+    assert steps == [2, 4]
+
+
+def test_skip_drops_exactly_the_poisoned_steps(tmp_path):
+    class InfTwice(PoisonedTrial):
+        poisoned = (3, 7)
+        value = float("inf")
+
+    trial, _ = fit(tmp_path, InfTwice, "skip")
+    w, expected = 0.0, []
+    for batch in range(10):
+        if batch not in (3, 7):
+            w = w + 2 * 0.1 * (1.0 - w)
+        expected.append(w)
+    assert trial.weights == pytest.approx(expected, abs=1e-6)
+    assert trial.context._nonfinite.skipped_batches == 2
+
+
+def test_skip_with_aggregation_keeps_the_other_batch(tmp_path):
+    trial, _ = fit(tmp_path, PoisonedTrial, "skip", batches=6, aggregation_frequency=2)
+    # Steps after batches 1, 3, 5. A full window moves w by 2 * lr * (1 - w); in the last
+    # window batch 4 is skipped, and batch 5's gradient alone is divided by the aggregation
+    # frequency (Determined averages aggregated gradients), so w moves by lr * (1 - w).
+    w, expected = 0.0, []
+    for step in range(3):
+        w = w + (0.1 if step == 2 else 0.2) * (1.0 - w)
+        expected.append(w)
+    assert trial.weights[1::2] == pytest.approx(expected, abs=1e-6)
+
+
+def test_bad_policy_and_skip_with_workers_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="nonfinite_loss = 'sometimes' is invalid"):
+        fit(tmp_path, OneVarTrial, "sometimes")
+    from det_tasks.pytorch._nonfinite import NonFiniteGuard
+
+    with pytest.raises(ConfigError, match="not supported with 2 workers"):
+        NonFiniteGuard("skip", torch.device("cpu"), 2)

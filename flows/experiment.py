@@ -124,6 +124,7 @@ def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -
                 run_key,
                 runs.parent_run_id,
                 runs.experiment_id,
+                slots=cfg.resources.slots_per_trial,
             )
             running[_as_future(future)] = work
         done, _ = wait_futures(list(running), return_when=FIRST_COMPLETED)

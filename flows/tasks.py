@@ -18,6 +18,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from flows.devices import gpu_lease
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -55,6 +56,7 @@ def train_segment(
     parent_run_id: str,
     experiment_id: str,
     device: str | None = None,
+    slots: int = 1,
 ) -> dict[str, Any]:
     """Train trial ``trial_id`` up to ``batches`` (resuming from its latest checkpoint),
     validate and checkpoint; returns the runner's summary."""
@@ -88,18 +90,21 @@ def train_segment(
             cmd += ["--device", device]
         for item in overrides:
             cmd += ["--param", item]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-        )
-        tail: list[str] = []
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            line = line.rstrip()
-            tail = [*tail, line][-20:]
-            if line.startswith(("validation @", "checkpoint @", "error:")):
-                logger.info("trial %s: %s", trial_id, line)
-        code = proc.wait()
+        with gpu_lease(slots) as gpu_env:
+            if gpu_env:
+                logger.info("trial %s on GPUs %s", trial_id, gpu_env["CUDA_VISIBLE_DEVICES"])
+            env = {**os.environ, **gpu_env, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            )
+            tail: list[str] = []
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                line = line.rstrip()
+                tail = [*tail, line][-20:]
+                if line.startswith(("validation @", "checkpoint @", "error:")):
+                    logger.info("trial %s: %s", trial_id, line)
+            code = proc.wait()
         if code != 0:
             raise RuntimeError(
                 f"trial {trial_id} failed (exit code {code}); last output:\n" + "\n".join(tail)

@@ -5,6 +5,7 @@ input is refused before anything is uploaded."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import shutil
@@ -222,15 +223,14 @@ def test_create_ships_code_once_runs_on_a_remote_worker_and_job_run_predicts(
     from det_tasks.pytorch import load_trial_from_checkpoint_path
 
     compat.install()
-    sys.path.insert(0, str(model_dir))
-    try:
-        from model_def import XorData
-
-        trial = load_trial_from_checkpoint_path(trial_run.checkpoint)
-        with torch.no_grad():
-            expected = trial.context.models[0](XorData(40).x)
-    finally:
-        sys.path.remove(str(model_dir))
+    # By path: other tests have imported other `model_def` modules in this session.
+    spec = importlib.util.spec_from_file_location("submit_model_def", model_dir / "model_def.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    trial = load_trial_from_checkpoint_path(trial_run.checkpoint)
+    with torch.no_grad():
+        expected = trial.context.models[0](module.XorData(40).x)
     torch.testing.assert_close(predictions, expected)
 
 

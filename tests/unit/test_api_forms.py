@@ -175,7 +175,8 @@ def test_configure_apex_amp_documented_arguments(tmp_path):
         ctx.configure_apex_amp(trial.model, trial.opt, cast_model_type=torch.float16)
 
 
-def test_trainer_api_batch_inference_calls(tmp_path):
+def test_trainer_api_batch_inference_calls(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # no registry: a clear error
     compat.install()
     import determined as det
 

@@ -15,7 +15,7 @@ __all__ = ["DistributedContext"]
 class _Collectives(Protocol):
     def allgather(self, obj: Any) -> list[Any]: ...
     def broadcast(self, obj: Any) -> Any: ...
-    def close(self) -> None: ...
+    def close(self, wait_for_others: bool = True) -> None: ...
 
 
 class _TorchCollectives:
@@ -34,8 +34,10 @@ class _TorchCollectives:
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def close(self) -> None:
+    def close(self, wait_for_others: bool = True) -> None:
         if self._dist.is_initialized():
+            if wait_for_others:  # nobody tears the group down under a rank still using it
+                self._dist.barrier()
             self._dist.destroy_process_group()
 
 
@@ -51,7 +53,9 @@ class _HorovodCollectives:
     def broadcast(self, obj: Any) -> Any:
         return self._hvd.broadcast_object(obj, root_rank=0, name="det_tasks.broadcast")
 
-    def close(self) -> None:
+    def close(self, wait_for_others: bool = True) -> None:
+        if wait_for_others:
+            self._hvd.join()
         self._hvd.shutdown()
 
 
@@ -181,6 +185,8 @@ class DistributedContext:
             )
         return global_batch_size // self.size
 
-    def close(self) -> None:
+    def close(self, wait_for_others: bool = True) -> None:
+        """Leave the worker group (once); with ``wait_for_others``, after every rank is done."""
         if self._collectives is not None:
-            self._collectives.close()
+            collectives, self._collectives = self._collectives, None
+            collectives.close(wait_for_others)

@@ -465,7 +465,10 @@ class PyTorchTrialContext(TrainerAPIMixin):
             self._tensorboard_writer = SummaryWriter(log_dir=str(self.get_tensorboard_path()))
         return self._tensorboard_writer
 
-    def _close(self) -> None:
+    def _close(self, clean: bool = True) -> None:
+        # Leaving the process group explicitly: a rank that exits with Gloo's threads still
+        # running can abort ("terminate called without an active exception").
+        self.distributed.close(wait_for_others=clean)
         if self._tensorboard_writer is not None:
             self._tensorboard_writer.close()
             self._tensorboard_writer = None

@@ -96,7 +96,7 @@ def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
         )
     module_name, _, qualname = spec.partition(":")
     code = directory / "code"
-    with _on_sys_path(code if code.is_dir() else None):
+    with _on_sys_path(code if code.is_dir() else None), _fresh_modules(module_name, code):
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
@@ -112,6 +112,29 @@ def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
                 f"module {module_name!r} has no {qualname!r}; pass trial_class=YourTrial"
             )
     return obj  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _fresh_modules(module_name: str, code: Path) -> Iterator[None]:
+    """Import the checkpoint's own ``model_def``, not a same-named module this process
+    imported from elsewhere; the process's modules are put back afterwards."""
+    if not code.is_dir():
+        yield
+        return
+    top = module_name.split(".")[0]
+    root = str(code.resolve())
+    shadowing = {
+        name: mod
+        for name, mod in list(sys.modules.items())
+        if (name == top or name.startswith(top + "."))
+        and not str(getattr(mod, "__file__", "") or "").startswith(root)
+    }
+    for name in shadowing:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(shadowing)
 
 
 @contextlib.contextmanager

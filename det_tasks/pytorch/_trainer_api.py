@@ -42,8 +42,9 @@ class TrainerAPIMixin:
     def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._close()  # type: ignore[attr-defined]
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # After an error, do not wait at a barrier the failed ranks will never reach.
+        self._close(clean=exc_type is None)  # type: ignore[attr-defined]
 
     @property
     def training(self) -> types.SimpleNamespace:

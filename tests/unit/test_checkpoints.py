@@ -187,3 +187,30 @@ def test_pickled_objects_are_refused_by_default(tmp_path, trained):
     torch.save({"models_state_dict": [], "payload": Path("/etc/passwd")}, bad / "state_dict.pth")
     with pytest.raises(CheckpointError, match="weights_only"):
         pytorch.load_trial_from_checkpoint_path(str(bad))
+
+
+def test_loading_uses_the_checkpoints_own_code_not_a_same_named_module(tmp_path):
+    """Every model directory calls its module `model_def`: a checkpoint must load with the
+    code it recorded even when another `model_def` is already imported in this process."""
+    import sys
+    from pathlib import Path
+
+    from det_tasks.runner import run_trial
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    result = run_trial(
+        fixtures / "flow_model" / "grid.yaml",
+        checkpoint_dir=tmp_path,
+        progress=False,
+        hparams={"global_batch_size": 8, "learning_rate": 0.1, "hidden": 4},
+        max_batches=2,
+    )
+    other = type(sys)("model_def")
+    other.__file__ = str(fixtures / "determined_model" / "model_def.py")
+    sys.modules["model_def"] = other  # what another model directory left behind
+    try:
+        trial = pytorch.load_trial_from_checkpoint_path(result.checkpoint_uri)
+        assert type(trial).__name__ == "XorTrial"
+        assert sys.modules["model_def"] is other  # the process's own module is put back
+    finally:
+        sys.modules.pop("model_def", None)

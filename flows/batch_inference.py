@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import botocore.exceptions
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -72,16 +71,6 @@ def load_inputs(model_uri: str, dataset: str) -> torch.Tensor:
     return loaded
 
 
-def _exists(s3: Any, location: s3_lib.S3Location) -> bool:
-    try:
-        s3.head_object(Bucket=location.bucket, Key=location.prefix)
-        return True
-    except botocore.exceptions.ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise s3_lib.explain(err, location.uri) from None
-
-
 @task(name="predict-shard", retries=2, retry_delay_seconds=1)
 def predict_shard(
     model_uri: str, dataset: str, shard: int, num_shards: int, output: str, batch_size: int
@@ -91,7 +80,7 @@ def predict_shard(
     location = s3_lib.S3Location(
         base.bucket, base.key(f"shard-{shard:05d}-of-{num_shards:05d}.parquet")
     )
-    if _exists(s3, location):
+    if s3_lib.object_exists(s3, location):
         return {"shard": shard, "skipped": True, "rows": 0, "seconds": 0.0}
     started = time.perf_counter()
     trial = load_trial_from_checkpoint_path(model_uri)

@@ -22,6 +22,7 @@ __all__ = [
     "delete_prefix",
     "download_prefix",
     "explain",
+    "object_exists",
     "parse_s3_uri",
     "upload_dir",
 ]
@@ -130,6 +131,17 @@ def upload_dir(s3: Any, local: Path, location: S3Location, last: str | None = No
     except boto3.exceptions.S3UploadFailedError as err:
         cause = err.__cause__ or err.__context__ or err
         raise explain(cause if isinstance(cause, Exception) else err, location.uri) from None
+
+
+def object_exists(s3: Any, location: S3Location) -> bool:
+    """Whether an object is stored at ``location`` (its prefix is the key)."""
+    try:
+        s3.head_object(Bucket=location.bucket, Key=location.prefix)
+        return True
+    except botocore.exceptions.ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise explain(err, location.uri) from None
 
 
 def list_keys(s3: Any, location: S3Location) -> list[str]:

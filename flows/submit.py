@@ -188,21 +188,11 @@ def _flow_runs(limit: int) -> list[Any]:
         )
 
 
-def _mlflow() -> Any:
-    from registry.settings import RegistrySettings
-    from registry.tracking import client_for
-
-    settings = RegistrySettings.from_env()
-    if not settings.tracking_uri:
-        raise DetTasksError("MLFLOW_TRACKING_URI is not set (after `make up`: source .stack/env)")
-    return client_for(settings.tracking_uri)
-
-
 def cmd_experiment_list(args: argparse.Namespace) -> int:
-    from registry.cli import _table
+    from registry.cli import _client, _table
     from registry.experiment_view import describe_experiment_run
 
-    client = _mlflow()
+    client = _client()
     rows = []
     for run in _flow_runs(args.limit):
         view = describe_experiment_run(client, str(run.id))
@@ -224,11 +214,11 @@ def cmd_experiment_list(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment_describe(args: argparse.Namespace) -> int:
-    from registry.cli import _table
+    from registry.cli import _client, _table
     from registry.experiment_view import describe_experiment_run
 
     run = _find_flow_run(args.id)
-    view = describe_experiment_run(_mlflow(), str(run.id))
+    view = describe_experiment_run(_client(), str(run.id))
     state = run.state.type.value if run.state else "PENDING"
     print(f"experiment run {run.id}: {state}")
     print(f"  Prefect flow run: {_ui_url(run.id)}")

@@ -289,44 +289,44 @@ def prefect_server_service(config: StackConfig) -> Service:
     )
 
 
-def prefect_worker_service(config: StackConfig) -> Service:
+def prefect_worker_service(
+    config: StackConfig, pool: str | None = None, workdir: Path | None = None
+) -> Service:
+    """A process worker on ``pool`` (default: the stack's). With ``workdir`` it runs there,
+    in a folder of its own, as a worker on another machine would (no checkout needed)."""
+    pool = pool or POOL
+    project = workdir or config.project_dir
     env = {
         **_prefect_env(config),
         **env_for(config),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-        "DET_TASKS_PROJECT_DIR": str(config.project_dir),
-        "DET_TASKS_CACHE_DIR": str(config.root / "cache"),
+        "DET_TASKS_PROJECT_DIR": str(project),
+        "DET_TASKS_CACHE_DIR": str((workdir or config.root) / "cache"),
     }
+    name = "prefect-worker" if pool == POOL else f"prefect-worker-{pool}"
     argv = [
-        sys.executable,
-        "-m",
-        "prefect",
-        "worker",
-        "start",
-        "--pool",
-        POOL,
-        "--type",
-        "process",
-        "--name",
-        f"det-tasks-{socket.gethostname()}",
-    ]
+        sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
+        "--type", "process", "--name", f"det-tasks-{socket.gethostname()}"
+        + ("" if pool == POOL else f"-{pool}"),
+    ]  # fmt: skip
     return Service(
-        "prefect-worker",
+        name,
         argv,
-        lambda: _worker_ready(config),
+        lambda: _worker_ready(config, name),
         config.root,
         env=env,
         start_timeout_s=60,
         stop_timeout_s=15,
+        cwd=workdir,
     )
 
 
 POOL = "local"
 
 
-def _worker_ready(config: StackConfig) -> bool:
-    log = config.root / "logs" / "prefect-worker.log"
+def _worker_ready(config: StackConfig, name: str = "prefect-worker") -> bool:
+    log = config.root / "logs" / f"{name}.log"
     return log.exists() and "started!" in log.read_text(errors="replace")
 
 

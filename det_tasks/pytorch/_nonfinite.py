@@ -39,7 +39,9 @@ class NonFiniteGuard:
             )
         self.policy = policy
         self._eager = device.type == "cpu"
-        self._first_bad: torch.Tensor | None = None  # device scalar: batch index, or -1
+        # Deferred (GPU) checks: (batch index, device bool) per batch since the last check;
+        # no host sync and no host-to-device copy on the training step.
+        self._pending: list[tuple[int, torch.Tensor]] = []
         self._window_has_grads = False
         self.skipped_batches = 0
 
@@ -61,12 +63,7 @@ class NonFiniteGuard:
             if not bool(finite):
                 raise self._error(batch_idx)
             return True
-        index = torch.tensor(batch_idx, device=loss.device)
-        bad = torch.where(finite, torch.tensor(-1, device=loss.device), index)
-        if self._first_bad is None:
-            self._first_bad = bad
-        else:
-            self._first_bad = torch.where(self._first_bad >= 0, self._first_bad, bad)
+        self._pending.append((batch_idx, finite))
         return True
 
     def allow_step(self) -> bool:
@@ -78,11 +75,12 @@ class NonFiniteGuard:
 
     def check(self) -> None:
         """Raise for a deferred non-finite loss (called at reporting/checkpoint boundaries)."""
-        if self._first_bad is not None:
-            first = int(self._first_bad)
-            self._first_bad = None
-            if first >= 0:
-                raise self._error(first)
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        finite = torch.stack([flag for _, flag in pending]).cpu()
+        if not bool(finite.all()):
+            raise self._error(pending[int((~finite).nonzero()[0])][0])
 
     @staticmethod
     def _error(batch_idx: int) -> TrialError:

@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from det_tasks.runner.cli import main as det_tasks
-from infra.services import Service, start, stop
-from infra.stack import deploy
+from infra.services import start, stop
+from infra.stack import deploy, prefect_worker_service
 from registry.experiment_view import describe_experiment_run
 from registry.tracking import client_for
 
 SUBMIT_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "submit_model"
+FLOW_MODEL = SUBMIT_MODEL.parent / "flow_model"
 
 REMOTE_YAML = """\
 name: det-tasks-remote-test
@@ -84,31 +85,7 @@ def remote_worker(stack, tmp_path_factory):
         str(spec_dir / "prefect.yaml"),
         cwd=spec_dir,
     )
-    log = stack.root / "logs" / "remote-worker.log"
-    worker = Service(
-        "remote-worker",
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "worker",
-            "start",
-            "--pool",
-            "remote",
-            "--type",
-            "process",
-            "--name",
-            "remote-test",
-        ],
-        lambda: log.exists() and "started!" in log.read_text(errors="replace"),
-        stack.root,
-        env={
-            "PREFECT_WORKER_QUERY_SECONDS": "1",
-            "DET_TASKS_PROJECT_DIR": str(workdir),
-            "DET_TASKS_CACHE_DIR": str(workdir / "cache"),
-        },
-        cwd=workdir,
-    )
+    worker = prefect_worker_service(stack, pool="remote", workdir=workdir)
     start(worker)
     try:
         yield workdir
@@ -121,6 +98,7 @@ def model_dir(tmp_path) -> Path:
     """The fixture model plus files a .detignore keeps at home."""
     model = tmp_path / "model"
     shutil.copytree(SUBMIT_MODEL, model)
+    shutil.copy(FLOW_MODEL / "model_def.py", model)  # the flow tests' XOR trial
     (model / ".detignore").write_text("data/\n*.ckpt\n")
     (model / "data").mkdir()
     (model / "data" / "huge.bin").write_bytes(b"\0" * 4096)

@@ -76,10 +76,7 @@ def predict_shard(
     model_uri: str, dataset: str, shard: int, num_shards: int, output: str, batch_size: int
 ) -> dict[str, Any]:
     s3 = s3_lib.client()
-    base = s3_lib.parse_s3_uri(output)
-    location = s3_lib.S3Location(
-        base.bucket, base.key(f"shard-{shard:05d}-of-{num_shards:05d}.parquet")
-    )
+    location = s3_lib.parse_location(output).child(f"shard-{shard:05d}-of-{num_shards:05d}.parquet")
     if s3_lib.object_exists(s3, location):
         return {"shard": shard, "skipped": True, "rows": 0, "seconds": 0.0}
     started = time.perf_counter()
@@ -104,7 +101,7 @@ def predict_shard(
     )
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
-    s3.put_object(Bucket=location.bucket, Key=location.prefix, Body=buffer.getvalue())
+    s3_lib.put_object(s3, location, buffer.getvalue())
     return {
         "shard": shard,
         "skipped": False,

@@ -26,7 +26,9 @@ from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError
 from det_tasks.runner.local import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
-from flows.tasks import train_segment
+from flows.console import quiet_prefect_shutdown
+from flows.embedded import use_embedded_defaults
+from flows.tasks import TrialFailed, train_segment
 from registry.packages import fetch_package
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
@@ -97,7 +99,10 @@ def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
-        raise RuntimeError("MLFLOW_TRACKING_URI is not set: start the stack (make up) first")
+        raise RuntimeError(
+            "MLFLOW_TRACKING_URI is not set on this worker: start the stack (make up) and "
+            "source .stack/env, or run without servers: python -m flows.experiment CONFIG"
+        )
     name = cfg.name or config_path.stem
     run_key = str(flow_run.get_id() or uuid.uuid4())
     runs = ExperimentRuns(client_for(settings.tracking_uri), name, run_key, raw)
@@ -154,13 +159,23 @@ def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,
         "best": best,
-        "mlflow_experiment": f"{settings.tracking_uri}/#/experiments/{runs.experiment_id}",
-        "mlflow_parent_run": f"{settings.tracking_uri}/#/experiments/{runs.experiment_id}"
-        f"/runs/{runs.parent_run_id}",
+        "mlflow_experiment": _mlflow_link(
+            settings.tracking_uri, f"experiments/{runs.experiment_id}"
+        ),
+        "mlflow_parent_run": _mlflow_link(
+            settings.tracking_uri, f"experiments/{runs.experiment_id}/runs/{runs.parent_run_id}"
+        ),
         "wall_seconds": round(time.monotonic() - started, 1),
     }
     logger.info("summary: %s", json.dumps(result, default=str))
     return result
+
+
+def _mlflow_link(tracking_uri: str, page: str) -> str:
+    """A page of the MLflow UI; for a local store, the command that serves one."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/{page}"
+    return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
 
 
 def _final(work: Work, cfg: ExperimentConfig) -> bool:
@@ -196,10 +211,35 @@ def _as_future(prefect_future: Any) -> Future[Any]:
     return proxy
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    if not args:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
+    needed (see flows.embedded); prints the summary as JSON."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
         print("usage: python -m flows.experiment CONFIG [key=value ...]", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    try:  # before a Prefect server starts: a typo costs a second, not ten
+        load_raw_config(Path(args[0]).resolve(), args[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    chosen = use_embedded_defaults()
+    if chosen:
+        print(
+            f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "
+            f"(browse: mlflow ui --backend-store-uri {chosen['MLFLOW_TRACKING_URI']})",
+            file=sys.stderr,
+        )
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    print(json.dumps(experiment(args[0], args[1:]), indent=2, default=str))
+    with quiet_prefect_shutdown(complete_errors=(TrialFailed, ConfigError)):
+        try:
+            result = experiment(args[0], args[1:])
+        except Exception as err:  # the flow run's log above has the details
+            print(f"error: experiment failed: {err}", file=sys.stderr)
+            return 1
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

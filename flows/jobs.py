@@ -54,7 +54,7 @@ def run_job_script(
             tail = (proc.stderr or proc.stdout)[-3000:]
             raise RuntimeError(f"job script {script!r} exited with {proc.returncode}:\n{tail}")
         files = sorted(p for p in out_dir.rglob("*") if p.is_file())
-        location = s3_lib.parse_s3_uri(output)
+        location = s3_lib.parse_location(output)
         if files:
             s3_lib.upload_dir(
                 s3_lib.client(RegistrySettings.from_env().s3_endpoint), out_dir, location

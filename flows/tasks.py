@@ -23,7 +23,12 @@ from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
 
-__all__ = ["latest_checkpoint", "train_segment"]
+__all__ = ["TrialFailed", "latest_checkpoint", "train_segment"]
+
+
+class TrialFailed(RuntimeError):
+    """A trial's process exited with an error; the message carries its last output (the
+    traceback that matters is the trial's, not the orchestrator's)."""
 
 
 def latest_checkpoint(parent_run_id: str, experiment_id: str, trial_id: int) -> str | None:
@@ -106,7 +111,7 @@ def train_segment(
                     logger.info("trial %s: %s", trial_id, line)
             code = proc.wait()
         if code != 0:
-            raise RuntimeError(
+            raise TrialFailed(
                 f"trial {trial_id} failed (exit code {code}); last output:\n" + "\n".join(tail)
             )
         return dict(json.loads(summary_file.read_text()))

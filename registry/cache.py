@@ -15,30 +15,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import botocore.exceptions
-
 from det_tasks.checkpoint_format import METADATA_FILE, verify
 from det_tasks.errors import CheckpointError
-from registry.s3 import S3Location, download_prefix, explain
+from registry.s3 import Location, download_prefix, read_object
 
 __all__ = ["fetch_checkpoint"]
 
 
-def fetch_checkpoint(s3: Any, location: S3Location, cache_dir: Path) -> Path:
+def fetch_checkpoint(s3: Any, location: Location, cache_dir: Path) -> Path:
     """A verified local copy of the checkpoint stored under ``location``."""
-    try:
-        head = s3.get_object(Bucket=location.bucket, Key=location.key(METADATA_FILE))
-        metadata = head["Body"].read()
-    except botocore.exceptions.ClientError as err:
-        code = err.response.get("Error", {}).get("Code", "")
-        if code in ("NoSuchKey", "404"):
-            raise CheckpointError(
-                f"{location.uri} holds no complete checkpoint ({METADATA_FILE} is missing: "
-                "it was never written, is still uploading, or was deleted)"
-            ) from None
-        raise explain(err, location.uri) from None
-    except botocore.exceptions.BotoCoreError as err:
-        raise explain(err, location.uri) from None
+    metadata = read_object(s3, location, METADATA_FILE)
+    if metadata is None:
+        raise CheckpointError(
+            f"{location.uri} holds no complete checkpoint ({METADATA_FILE} is missing: "
+            "it was never written, is still uploading, or was deleted)"
+        )
     key = hashlib.sha256(metadata).hexdigest()
     target = cache_dir / "checkpoints" / key
     if target.is_dir():

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from det_tasks.gc import checkpoints_to_keep
 from det_tasks.sinks import ReportedCheckpoint
 from registry.checkpoints import CHECKPOINT_TAG, checkpoint_records
-from registry.s3 import delete_prefix, parse_s3_uri
+from registry.s3 import delete_prefix, parse_location
 
 __all__ = ["GcResult", "collect_experiment_garbage", "registered_uuids"]
 
@@ -80,7 +80,7 @@ def collect_experiment_garbage(
     for uuid, (run_id, record) in records.items():
         if uuid in keep or uuid in protected:
             continue
-        delete_prefix(s3, parse_s3_uri(record["s3_uri"]))
+        delete_prefix(s3, parse_location(record["s3_uri"]))
         with contextlib.suppress(Exception):
             client.delete_tag(run_id, f"{CHECKPOINT_TAG}{uuid}")
         deleted.append(uuid)

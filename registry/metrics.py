@@ -19,6 +19,7 @@ import uuid as uuid_lib
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
@@ -55,6 +56,7 @@ class MlflowMetricsSink:
         self.client = client
         self.run_id = run_id
         self._host_creds = get_default_host_creds(client.tracking_uri)
+        self._over_http = str(client.tracking_uri).startswith(("http://", "https://"))
         # Highest step already stored per key: a retried trial resumes from its checkpoint
         # and re-reports the steps after it with identical values; those are not re-sent.
         self._stored_max: dict[str, int] = {}
@@ -111,7 +113,13 @@ class MlflowMetricsSink:
     def _log_batch(self, metrics: list[Point]) -> None:
         """POST runs/log-batch as plain JSON, with no client-side retries: the sink retries
         itself (and deduplicates), and skipping MLflow's protobuf round trip keeps the
-        sender's share of the GIL small."""
+        sender's share of the GIL small. A local store (the embedded mode's SQLite) has no
+        HTTP endpoint: there the client writes it."""
+        if not self._over_http:
+            self.client.log_batch(
+                self.run_id, metrics=[Metric(k, v, t, s) for k, v, t, s in metrics]
+            )
+            return
         body = {
             "run_id": self.run_id,
             "metrics": [

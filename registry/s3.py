@@ -1,5 +1,8 @@
 """S3 access for checkpoint bytes: multipart uploads, safe downloads, idempotent deletes,
-and errors that name the bucket, the endpoint and what to check."""
+and errors that name the bucket, the endpoint and what to check.
+
+Every function also takes a ``FileLocation`` (a ``file://`` directory: MLflow's local
+artifact root in the no-server embedded mode) and then works on the filesystem."""
 
 from __future__ import annotations
 
@@ -15,15 +18,22 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from det_tasks.errors import CheckpointError
+from registry.local_files import FileLocation
 
 __all__ = [
+    "FileLocation",
+    "Location",
     "S3Location",
+    "artifact_location",
     "client",
     "delete_prefix",
     "download_prefix",
     "explain",
     "object_exists",
+    "parse_location",
     "parse_s3_uri",
+    "put_object",
+    "read_object",
     "upload_dir",
 ]
 
@@ -46,6 +56,47 @@ class S3Location:
 
     def key(self, relative: str) -> str:
         return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def child(self, relative: str) -> S3Location:
+        return S3Location(self.bucket, self.key(relative.strip("/")))
+
+
+Location = S3Location | FileLocation
+
+
+def parse_location(uri: str) -> Location:
+    """``s3://bucket/prefix`` or ``file:///abs/path``."""
+    if uri.startswith("file:"):
+        path = uri.removeprefix("file://") if uri.startswith("file://") else uri[5:]
+        if not path.startswith("/"):
+            raise CheckpointError(f"{uri!r} is not an absolute file:// URI (file:///abs/path)")
+        return FileLocation(path)
+    return parse_s3_uri(uri)
+
+
+def artifact_location(artifact_uri: str, artifacts_destination: str | None, what: str) -> Location:
+    """Where the bytes of an MLflow artifact URI live.
+
+    With a proxying MLflow server the artifact URI is ``mlflow-artifacts:/<path>``; its bytes
+    are at ``<artifacts destination>/<path>``, which boto3 writes directly (FACTS: proxied
+    uploads are ~6x slower) while the MLflow UI still lists them among the run's artifacts.
+    """
+    if artifact_uri.startswith(("s3://", "file:")):
+        return parse_location(artifact_uri)
+    if artifact_uri.startswith("/"):
+        return FileLocation(artifact_uri)
+    if artifact_uri.startswith("mlflow-artifacts:"):
+        if not artifacts_destination:
+            raise CheckpointError(
+                f"{what}: the MLflow server proxies artifacts; set DET_TASKS_MLFLOW_ARTIFACTS "
+                "to its --artifacts-destination (s3://bucket/prefix)"
+            )
+        path = artifact_uri.split(":", 1)[1].lstrip("/")
+        return parse_location(f"{artifacts_destination.rstrip('/')}/{path}")
+    raise CheckpointError(
+        f"{what}: artifacts at {artifact_uri!r} are neither in S3 nor in a local directory; "
+        "start the MLflow server with an s3:// artifact destination"
+    )
 
 
 def parse_s3_uri(uri: str) -> S3Location:
@@ -107,9 +158,12 @@ def _files(root: Path) -> Iterator[Path]:
             yield path
 
 
-def upload_dir(s3: Any, local: Path, location: S3Location, last: str | None = None) -> None:
+def upload_dir(s3: Any, local: Path, location: Location, last: str | None = None) -> None:
     """Upload every file under ``local``; ``last`` (a relative name) goes after the rest, as
     a commit marker: a reader that finds it knows every other file is complete."""
+    if isinstance(location, FileLocation):
+        location.upload_dir(local)
+        return
     files = [p for p in _files(local) if p.relative_to(local).as_posix() != last]
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -133,8 +187,10 @@ def upload_dir(s3: Any, local: Path, location: S3Location, last: str | None = No
         raise explain(cause if isinstance(cause, Exception) else err, location.uri) from None
 
 
-def object_exists(s3: Any, location: S3Location) -> bool:
+def object_exists(s3: Any, location: Location) -> bool:
     """Whether an object is stored at ``location`` (its prefix is the key)."""
+    if isinstance(location, FileLocation):
+        return location.path.is_file()
     try:
         s3.head_object(Bucket=location.bucket, Key=location.prefix)
         return True
@@ -168,8 +224,37 @@ def safe_relative(key: str, prefix: str) -> str:
     return rel
 
 
-def download_prefix(s3: Any, location: S3Location, dest: Path) -> list[str]:
+def read_object(s3: Any, location: Location, relative: str) -> bytes | None:
+    """The bytes of the object ``relative`` under ``location``, or None if there is none."""
+    if isinstance(location, FileLocation):
+        return location.read(relative)
+    try:
+        return bytes(
+            s3.get_object(Bucket=location.bucket, Key=location.key(relative))["Body"].read()
+        )
+    except botocore.exceptions.ClientError as err:
+        if err.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
+            return None
+        raise explain(err, location.uri) from None
+    except botocore.exceptions.BotoCoreError as err:
+        raise explain(err, location.uri) from None
+
+
+def put_object(s3: Any, location: Location, data: bytes) -> None:
+    """Store ``data`` as the single object at ``location``."""
+    if isinstance(location, FileLocation):
+        location.write(data)
+        return
+    try:
+        s3.put_object(Bucket=location.bucket, Key=location.prefix, Body=data)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        raise explain(err, location.uri) from None
+
+
+def download_prefix(s3: Any, location: Location, dest: Path) -> list[str]:
     """Download every object under the prefix into ``dest``; returns the relative names."""
+    if isinstance(location, FileLocation):
+        return location.download(dest)
     keys = list_keys(s3, location)
     if not keys:
         raise CheckpointError(f"nothing is stored at {location.uri}: check the URI")
@@ -186,8 +271,10 @@ def download_prefix(s3: Any, location: S3Location, dest: Path) -> list[str]:
     return names
 
 
-def delete_prefix(s3: Any, location: S3Location) -> int:
+def delete_prefix(s3: Any, location: Location) -> int:
     """Delete everything under the prefix; a missing object is not an error."""
+    if isinstance(location, FileLocation):
+        return location.delete()
     keys = list_keys(s3, location)
     for start in range(0, len(keys), 1000):
         chunk = [{"Key": k} for k in keys[start : start + 1000]]

@@ -3,6 +3,8 @@
 The names are the ones MLflow and boto3 already use (MLFLOW_TRACKING_URI,
 MLFLOW_S3_ENDPOINT_URL, AWS_*), so pointing the platform at AWS S3 or a remote MLflow
 is a matter of setting them; ``python -m infra.stack env`` prints them for the local stack.
+DET_TASKS_ARTIFACT_ROOT (a directory) is where new MLflow experiments keep their artifacts
+when the tracking store is local (the embedded mode).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class RegistrySettings:
     bucket: str | None
     artifacts_destination: str | None
     cache_dir: Path
+    artifact_root: str | None = None
 
     @classmethod
     def from_env(cls) -> RegistrySettings:
@@ -32,6 +35,7 @@ class RegistrySettings:
             bucket=os.environ.get("DET_TASKS_S3_BUCKET"),
             artifacts_destination=os.environ.get("DET_TASKS_MLFLOW_ARTIFACTS"),
             cache_dir=Path(cache),
+            artifact_root=os.environ.get("DET_TASKS_ARTIFACT_ROOT"),
         )
 
     @property

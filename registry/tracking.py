@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus
@@ -13,6 +15,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
+from registry.settings import RegistrySettings
 
 __all__ = ["TRIAL_TAG", "ExperimentRuns", "client_for", "ensure_experiment", "flat_params"]
 
@@ -22,6 +25,10 @@ PARENT_TAG = "mlflow.parentRunId"
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
+    if not tracking_uri.startswith(("http://", "https://")):
+        # MLflow's SQLAlchemy store trips SQLAlchemy 2's deprecation of ``noload`` on every
+        # process start: MLflow's business, not the user's.
+        warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
     return MlflowClient(tracking_uri=tracking_uri)
 
 
@@ -115,8 +122,10 @@ def _experiment(client: MlflowClient, name: str) -> str:
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
         return str(found.experiment_id)
+    root = RegistrySettings.from_env().artifact_root
+    location = Path(root, name).expanduser().resolve().as_uri() if root else None
     try:
-        return str(client.create_experiment(name))
+        return str(client.create_experiment(name, artifact_location=location))
     except MlflowException:  # created concurrently by another trial
         found = client.get_experiment_by_name(name)
         if found is None:

@@ -28,10 +28,10 @@ def _settings() -> RegistrySettings:
     return RegistrySettings.from_env()
 
 
-def to_s3_location(uri: str) -> s3_lib.S3Location:
+def to_s3_location(uri: str) -> s3_lib.Location:
     """Where the bytes behind any supported URI live."""
-    if uri.startswith("s3://"):
-        return s3_lib.parse_s3_uri(uri)
+    if uri.startswith(("s3://", "file:")):
+        return s3_lib.parse_location(uri)
     if uri.startswith("runs:/"):
         return _runs_location(uri)
     if uri.startswith("models:/"):
@@ -66,7 +66,7 @@ def _probe(tracking_uri: str) -> None:
         ) from None
 
 
-def _runs_location(uri: str) -> s3_lib.S3Location:
+def _runs_location(uri: str) -> s3_lib.Location:
     rest = uri[len("runs:/") :].lstrip("/")
     run_id, _, path = rest.partition("/")
     if not run_id or not path:
@@ -84,20 +84,8 @@ def _runs_location(uri: str) -> s3_lib.S3Location:
             f"{uri!r}: MLflow at {_settings().tracking_uri} is unreachable ({type(err).__name__});"
             " is the server up?"
         ) from None
-    if artifact_uri.startswith("s3://"):
-        base = artifact_uri
-    elif artifact_uri.startswith("mlflow-artifacts:"):
-        destination = _settings().artifacts_destination
-        if not destination:
-            raise CheckpointError(
-                f"{uri!r}: the run's artifacts are proxied; set DET_TASKS_MLFLOW_ARTIFACTS to "
-                "the server's --artifacts-destination"
-            )
-        base = f"{destination.rstrip('/')}/{artifact_uri.split(':', 1)[1].lstrip('/')}"
-    else:
-        raise CheckpointError(f"{uri!r}: run artifacts at {artifact_uri!r} are not in S3")
-    location = s3_lib.parse_s3_uri(base)
-    return s3_lib.S3Location(location.bucket, f"{location.prefix}/{path.strip('/')}")
+    base = s3_lib.artifact_location(artifact_uri, _settings().artifacts_destination, repr(uri))
+    return base.child(path.strip("/"))
 
 
 def models_uri_source(uri: str) -> str:

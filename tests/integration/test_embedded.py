@@ -1,0 +1,94 @@
+"""The no-server mode: ``python -m flows.experiment CONFIG`` with no MLflow, S3 or Prefect
+configured runs on Prefect's ephemeral server and a local MLflow SQLite store, and what it
+prints is the experiment, not Prefect's shutdown noise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
+NOISE = ("Traceback", "CancelledError", "Still processing items", "Failed to send telemetry")
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_"))
+    }
+    env.update(DET_TASKS_HOME=str(home / "det"), PREFECT_HOME=str(home / "prefect"))
+    return env
+
+
+def _run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.experiment", *args],
+        cwd=home,
+        env={**_clean_env(home), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from det_tasks.pytorch import load_trial_from_checkpoint_path
+    from registry.tracking import client_for
+
+    proc = _run([str(GRID)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for noise in NOISE:
+        assert noise not in proc.stderr, f"{noise!r} reached the terminal:\n{proc.stderr}"
+    summary = json.loads(proc.stdout)
+
+    tracking_uri = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}"
+    client = client_for(tracking_uri)
+    experiment = client.get_experiment_by_name("flow-grid")
+    assert experiment is not None
+    assert experiment.artifact_location.startswith((tmp_path / "det" / "artifacts").as_uri())
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(trials) == 4
+    assert all(r.info.status == "FINISHED" for r in runs)
+    final_losses = {
+        int(r.data.tags["det.trial_id"]): r.data.metrics["validation/validation_loss"]
+        for r in trials
+    }
+    best_trial = min(final_losses, key=final_losses.__getitem__)
+    assert summary["best"]["trial_id"] == best_trial
+    assert summary["best"]["metric"] == pytest.approx(final_losses[best_trial])
+    # 4 trials x 40 batches, each trained exactly once: no duplicated metric points.
+    for run in trials:
+        history = client.get_metric_history(run.info.run_id, "validation/validation_loss")
+        assert len({m.step for m in history}) == len(history)
+
+    # The best checkpoint's bytes are in the local artifact directory and it loads back.
+    saved = dict(os.environ)
+    try:
+        os.environ.update(MLFLOW_TRACKING_URI=tracking_uri)
+        trial = load_trial_from_checkpoint_path(summary["best"]["checkpoint"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert type(trial).__name__ == "XorTrial"
+    uuid = summary["best"]["checkpoint"].rsplit("/", 1)[-1]
+    stored = list((tmp_path / "det" / "artifacts").rglob(f"checkpoints/{uuid}/metadata.json"))
+    assert len(stored) == 1
+
+
+def test_embedded_bad_override_fails_before_any_server(tmp_path: Path) -> None:
+    proc = _run([str(GRID), "searcher.max_length.batches=-3"], tmp_path)
+    assert proc.returncode == 2
+    assert "searcher.max_length.batches" in proc.stderr and "-3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Starting temporary server" not in proc.stderr
+    assert not (tmp_path / "det" / "mlflow.db").exists()

@@ -4,8 +4,10 @@
    task running -> trial run created in MLflow (training starts right after).
 2. Orchestration overhead per trial segment: the train-segment task's duration minus the
    trial's own time in MLflow (its run's start to end).
-3. A grid of short trials with concurrency 2 vs the same trials run back to back in one
-   process by the local runner, divided by 2.
+3. A grid of short trials with concurrency 2 vs the same trials run back to back by the
+   local runner, divided by 2: in one process with no services (the harness alone), and as
+   one `det-tasks run` process per trial against the same MLflow + S3 (what a user without
+   the flow would run).
 
     source .stack/env && python bench/flow_latency.py
 """
@@ -16,6 +18,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +78,15 @@ def grid_speedup(trials: int) -> dict[str, float]:
     t0 = time.perf_counter()
     experiment(str(config), overrides)
     flow_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(trials):
+        hparams = {"global_batch_size": 8, "learning_rate": 0.01 * (i + 1), "hidden": 4}
+        cmd = [sys.executable, "-m", "det_tasks.runner.cli", "run", str(config), "--no-progress"]
+        cmd += ["--hparams", json.dumps(hparams)]
+        for item in overrides:
+            cmd += ["--param", item]
+        subprocess.run(cmd, check=True, capture_output=True)
+    cli_serial_s = time.perf_counter() - t0
     saved = os.environ.pop("MLFLOW_TRACKING_URI")
     try:
         t0 = time.perf_counter()
@@ -92,18 +105,20 @@ def grid_speedup(trials: int) -> dict[str, float]:
     return {
         "trials": trials,
         "flow_concurrency_2_s": flow_s,
-        "back_to_back_s": serial_s,
-        "flow_over_serial_half": flow_s / (serial_s / 2),
+        "back_to_back_in_process_s": serial_s,
+        "flow_over_in_process_half": flow_s / (serial_s / 2),
+        "back_to_back_cli_with_mlflow_s": cli_serial_s,
+        "flow_over_cli_half": flow_s / (cli_serial_s / 2),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--grid-trials", type=int, default=8)
+    parser.add_argument("--grid-trials", type=int, default=16)
     args = parser.parse_args()
     runs = [deployment_latency() for _ in range(args.repeats)]
-    latency = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
+    latency = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]} if runs else {}
     print(json.dumps({"deployment": latency, "grid": grid_speedup(args.grid_trials)}, indent=2))
 
 

@@ -184,7 +184,15 @@ def _manifest(path: Path) -> dict[str, dict[str, Any]]:
 
 def seal(path: Path, metadata: dict[str, Any]) -> dict[str, Any]:
     """Write metadata.json with the format version and a checksum of every file, last."""
-    sealed = {**metadata, "format_version": FORMAT_VERSION, "files": _manifest(path)}
+    from det_tasks.trust import sign_manifest
+
+    files = _manifest(path)
+    sealed = {
+        **metadata,
+        "format_version": FORMAT_VERSION,
+        "files": files,
+        "signature": sign_manifest(files),
+    }
     write_json(path / METADATA_FILE, sealed)
     return sealed
 

@@ -20,7 +20,8 @@ from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
 from det_tasks.pytorch._legacy import adapt_trial
-from det_tasks.uris import open_checkpoint_uri
+from det_tasks.trust import is_signed_here, trusted_schemes
+from det_tasks.uris import open_checkpoint_uri, scheme_of
 
 __all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
 
@@ -38,20 +39,25 @@ def load_trial_from_checkpoint_path(
     trial_kwargs: dict[str, Any] | None = None,
     torch_load_kwargs: dict[str, Any] | None = None,
     hparams: dict[str, Any] | None = None,
+    trust_code: bool = False,
 ) -> Any:
     """Rebuild the trial (models restored, in eval mode) from a checkpoint directory or URI.
 
     ``trial_class`` defaults to the class recorded in ``load_data.json``, imported from the
     checkpoint's ``code/``; ``hparams`` default to the ones the checkpoint was trained with.
+    Importing that code runs it, so it needs a checkpoint this installation wrote, a
+    ``runs:/``/``models:/`` reference (the allow-listed registry), or ``trust_code=True``
+    (see det_tasks.trust).
     """
     from det_tasks import compat
 
     compat.install()
     with open_checkpoint_uri(str(path)) as directory:
-        ckpt.verify(directory)
+        metadata = ckpt.verify(directory)
         load_data = _read_load_data(directory)
         state = ckpt.read_state(directory, torch_load_kwargs)
         if trial_class is None:
+            _check_code_trusted(str(path), directory, metadata, trust_code)
             trial_class = _import_trial_class(directory, load_data)
         device = _device_of(torch_load_kwargs)
         settings = TrialSettings(
@@ -87,6 +93,21 @@ def _device_of(torch_load_kwargs: dict[str, Any] | None) -> torch.device:
     return torch.device("cpu")
 
 
+def _check_code_trusted(
+    reference: str, directory: Path, metadata: dict[str, Any], trust_code: bool
+) -> None:
+    if trust_code or scheme_of(reference) in trusted_schemes():
+        return
+    if is_signed_here(directory, metadata):
+        return
+    raise CheckpointError(
+        f"checkpoint {reference!r} was not written by this installation (its manifest carries "
+        "no valid signature), and rebuilding its trial class would run the Python in its "
+        "code/. Pass trust_code=True if you trust where it came from, or trial_class=YourTrial "
+        "to use your own code (weights are loaded weights_only either way)"
+    )
+
+
 def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
     spec = load_data.get("trial_cls_spec")
     if not spec or ":" not in spec:
@@ -96,7 +117,11 @@ def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
         )
     module_name, _, qualname = spec.partition(":")
     code = directory / "code"
-    with _on_sys_path(code if code.is_dir() else None), _fresh_modules(module_name, code):
+    with (
+        _on_sys_path(code if code.is_dir() else None),
+        _fresh_modules(module_name, code),
+        _no_bytecode(),
+    ):
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
@@ -135,6 +160,17 @@ def _fresh_modules(module_name: str, code: Path) -> Iterator[None]:
         yield
     finally:
         sys.modules.update(shadowing)
+
+
+@contextlib.contextmanager
+def _no_bytecode() -> Iterator[None]:
+    """Importing from a checkpoint must not write __pycache__ into it."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = saved
 
 
 @contextlib.contextmanager

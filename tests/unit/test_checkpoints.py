@@ -104,7 +104,7 @@ def test_load_with_hparams_override_and_trial_class(trained, xor_module):
 
 def test_load_checkpoint_written_by_determined():
     sys.modules.pop("model_def", None)
-    trial = pytorch.load_trial_from_checkpoint_path(str(DETERMINED_CKPT))
+    trial = pytorch.load_trial_from_checkpoint_path(str(DETERMINED_CKPT), trust_code=True)
     with torch.no_grad():
         predictions = (trial.model(XOR) > 0).float().squeeze(1)
     assert predictions.tolist() == [0.0, 1.0, 1.0, 0.0]

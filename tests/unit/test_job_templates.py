@@ -13,9 +13,7 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "kubernetes" / "gpu-j
 
 
 def _defaults(template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        name: spec.get("default") for name, spec in template["variables"]["properties"].items()
-    }
+    return {name: spec.get("default") for name, spec in template["variables"]["properties"].items()}
 
 
 def test_every_placeholder_is_a_declared_variable() -> None:

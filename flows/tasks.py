@@ -23,7 +23,7 @@ from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
 
-__all__ = ["TrialFailed", "latest_checkpoint", "train_segment"]
+__all__ = ["TrialFailed", "resume_candidates", "train_segment"]
 
 
 class TrialFailed(RuntimeError):
@@ -31,8 +31,9 @@ class TrialFailed(RuntimeError):
     traceback that matters is the trial's, not the orchestrator's)."""
 
 
-def latest_checkpoint(parent_run_id: str, experiment_id: str, trial_id: int) -> str | None:
-    """The URI of the trial's newest checkpoint, or None if it has none yet."""
+def resume_candidates(parent_run_id: str, experiment_id: str, trial_id: int) -> list[str]:
+    """The URIs of the trial's checkpoints, newest first (the runner resumes from the first
+    intact one); empty if it has none yet."""
     settings = RegistrySettings.from_env()
     assert settings.tracking_uri
     client = client_for(settings.tracking_uri)
@@ -44,9 +45,9 @@ def latest_checkpoint(parent_run_id: str, experiment_id: str, trial_id: int) -> 
         max_results=1,
     )
     if not runs:
-        return None
+        return []
     records = checkpoint_records(client, runs[0].info.run_id)
-    return records[-1]["uri"] if records else None
+    return [r["uri"] for r in reversed(records)]
 
 
 @task(name="train-segment", retry_delay_seconds=1, log_prints=True)
@@ -66,7 +67,7 @@ def train_segment(
     """Train trial ``trial_id`` up to ``batches`` (resuming from its latest checkpoint),
     validate and checkpoint; returns the runner's summary."""
     logger = get_run_logger()
-    resume = latest_checkpoint(parent_run_id, experiment_id, trial_id)
+    resume = resume_candidates(parent_run_id, experiment_id, trial_id)
     with tempfile.TemporaryDirectory() as tmp:
         summary_file = Path(tmp) / "summary.json"
         cmd = [
@@ -88,9 +89,10 @@ def train_segment(
         ]
         if batches is not None:
             cmd += ["--max-batches", str(batches)]
+        for uri in resume:
+            cmd += ["--resume", uri]
         if resume:
-            cmd += ["--resume", resume]
-            logger.info("trial %s resumes from %s", trial_id, resume)
+            logger.info("trial %s resumes from %s", trial_id, resume[0])
         if device:
             cmd += ["--device", device]
         for item in overrides:

@@ -45,7 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--checkpoint-dir", help="write checkpoints here instead of the config's storage"
     )
-    run.add_argument("--resume", metavar="UUID_OR_PATH", help="continue from this checkpoint")
+    run.add_argument(
+        "--resume",
+        metavar="UUID_OR_PATH",
+        action="append",
+        help="continue from this checkpoint; repeat to list fallbacks, newest first (the "
+        "first intact one is used)",
+    )
     run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--hparams", help="JSON hyperparameters for this trial (orchestrators)")

@@ -9,6 +9,7 @@ import random
 import runpy
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from det_tasks.runner.entrypoint import (
     parse_script_command,
 )
 from det_tasks.runner.progress import ProgressSink
+from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
@@ -67,7 +69,7 @@ def run_trial(
     overrides: list[str] | None = None,
     test_mode: bool = False,
     checkpoint_dir: str | Path | None = None,
-    latest_checkpoint: str | None = None,
+    latest_checkpoint: str | Sequence[str] | None = None,
     device: str | None = None,
     progress: bool = True,
     extra_sink: MetricsSink | None = None,
@@ -76,7 +78,11 @@ def run_trial(
     trial_id: str = "1",
     experiment_run_key: str | None = None,
 ) -> RunResult:
-    """Validate the config, build the trial from its entrypoint, and fit it."""
+    """Validate the config, build the trial from its entrypoint, and fit it.
+
+    ``latest_checkpoint`` may list several checkpoints, newest first: training resumes from
+    the first one that is intact (the others are fallbacks for a corrupted newest one).
+    """
     config_path = Path(config_path)
     model_dir = Path(model_dir) if model_dir is not None else config_path.parent
     if not model_dir.is_dir():
@@ -114,6 +120,7 @@ def run_trial(
             sinks.append(extra_sink)
         sink = MultiSink(*sinks)
         scope = launch.services(services) if services else contextlib.nullcontext()
+        latest = choose_resume_checkpoint(store, latest_checkpoint)
         try:
             with model_dir_on_path(model_dir), scope:
                 result = _run(
@@ -125,7 +132,7 @@ def run_trial(
                     sink,
                     max_length,
                     test_mode,
-                    latest_checkpoint,
+                    latest,
                     device,
                 )
         finally:

@@ -351,7 +351,10 @@ class TrialController:
             cb.on_checkpoint_save_start(state)
         staged = self.store.stage()
         try:
-            torch.save(state, staged / ckpt.STATE_FILE)
+            # Through a Python file, so a full disk surfaces as OSError(ENOSPC) in the chain
+            # rather than only as torch's "unexpected pos" from its zip writer.
+            with open(staged / ckpt.STATE_FILE, "wb") as state_file:
+                torch.save(state, state_file)
             trial_cls = getattr(self.trial, "_det_tasks_user_class", type(self.trial))
             ckpt.write_json(
                 staged / ckpt.LOAD_DATA_FILE,
@@ -379,17 +382,18 @@ class TrialController:
                 "time": time.time(),
             }
             uuid = self.store.publish(staged, metadata)
-        except OSError as err:
+        except BaseException as err:
             self.store.discard(staged)
+            os_error = _os_error_in(err)
+            if os_error is None:
+                raise
             previous = self.latest_checkpoint_uuid or "none"
             raise CheckpointError(
-                f"writing the checkpoint at batch {self.batches_trained} failed: "
-                f"{err.strerror or err}; nothing was published and the previous checkpoint "
-                f"({previous}) is intact. Free space or point checkpoint_storage elsewhere"
+                f"writing the checkpoint at batch {self.batches_trained} into {staged} failed: "
+                f"{os_error.strerror or os_error}; nothing was published and the previous "
+                f"checkpoint ({previous}) is intact. Free space or point checkpoint_storage "
+                "elsewhere"
             ) from None
-        except BaseException:
-            self.store.discard(staged)
-            raise
         self.sink.report_checkpoint(self.batches_trained, uuid, metadata)
         return uuid
 
@@ -418,6 +422,18 @@ class TrialController:
                 stacklevel=2,
             )
         self.context._before_step_hooks = [cb.on_before_optimizer_step for cb in hooks]
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind ``err`` (itself, or its cause/context chain), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 @contextlib.contextmanager

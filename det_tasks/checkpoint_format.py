@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -146,22 +145,24 @@ def read_json(path: Path) -> Any:
 
 
 def copy_code(model_dir: Path, dest: Path) -> None:
-    """Copy the model directory (as Determined did), refusing one over 96 MB."""
-    total = 0
-    for root, dirs, files in os.walk(model_dir):
-        dirs[:] = [d for d in dirs if d not in _SKIP_CODE]
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    """Copy the model directory (as Determined did) minus ``.detignore`` matches and
+    credential files, refusing one over 96 MB."""
+    from det_tasks.packaging import model_files
+
+    files = model_files(model_dir, [f"{d}/" for d in _SKIP_CODE])
+    total = sum(path.stat().st_size for _, path in files)
     if total > MAX_CODE_BYTES:
         raise CheckpointError(
             f"model directory {str(model_dir)!r} holds {total / 2**20:.0f} MB, over the "
-            f"{MAX_CODE_BYTES // 2**20} MB limit for code in checkpoints; move data out of it"
+            f"{MAX_CODE_BYTES // 2**20} MB limit for code in checkpoints; move data out of it "
+            "or list it in .detignore"
         )
-    shutil.copytree(
-        model_dir,
-        dest / CODE_DIR,
-        ignore=shutil.ignore_patterns(*_SKIP_CODE, "*.pyc"),
-        symlinks=False,
-    )
+    code = dest / CODE_DIR
+    code.mkdir(exist_ok=True)
+    for rel, path in files:
+        target = code / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
 
 
 def _sha256(path: Path) -> str:

@@ -24,14 +24,34 @@ from det_tasks.errors import DetTasksError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "SECRET_FILES",
     "PackageError",
     "PackedModel",
+    "model_files",
     "pack_model_dir",
     "unpack_model_package",
 ]
 
 DEFAULT_MAX_BYTES = 96 * 1024 * 1024
-ALWAYS_IGNORED = [".git/", "__pycache__/", "*.pyc", ".detignore~"]
+# Credentials never leave the machine inside a package or a checkpoint's code/ copy.
+SECRET_FILES = [
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".pgpass",
+    ".git-credentials",
+    ".aws/",
+    ".ssh/",
+    ".stack/",
+]
+ALWAYS_IGNORED = [".git/", "__pycache__/", "*.pyc", ".detignore~", *SECRET_FILES]
 
 
 class PackageError(DetTasksError):
@@ -46,16 +66,18 @@ class PackedModel:
     total_bytes: int
 
 
-def _ignore_spec(model_dir: Path) -> pathspec.GitIgnoreSpec:
-    lines = list(ALWAYS_IGNORED)
+def _ignore_spec(model_dir: Path, extra: list[str] | None = None) -> pathspec.GitIgnoreSpec:
+    lines = [*ALWAYS_IGNORED, *(extra or [])]
     detignore = model_dir / ".detignore"
     if detignore.is_file():
         lines += detignore.read_text(encoding="utf-8", errors="replace").splitlines()
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def _files(model_dir: Path) -> list[tuple[str, Path]]:
-    spec = _ignore_spec(model_dir)
+def model_files(model_dir: Path, extra_ignored: list[str] | None = None) -> list[tuple[str, Path]]:
+    """(relative name, path) of every file a package or a checkpoint's code/ copy takes:
+    minus ``.detignore`` matches, credentials (``SECRET_FILES``) and ``extra_ignored``."""
+    spec = _ignore_spec(model_dir, extra_ignored)
     found: list[tuple[str, Path]] = []
     for root, dirs, names in os.walk(model_dir):
         rel_root = Path(root).relative_to(model_dir)
@@ -74,7 +96,7 @@ def pack_model_dir(model_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) ->
     root = Path(model_dir)
     if not root.is_dir():
         raise PackageError(f"model directory {str(root)!r} does not exist or is not a folder")
-    files = _files(root)
+    files = model_files(root)
     sizes = [(path.stat().st_size, rel) for rel, path in files]
     total = sum(size for size, _ in sizes)
     if total > max_bytes:

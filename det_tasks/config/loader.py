@@ -205,6 +205,8 @@ def _lookup(raw: Any, loc: list[Any]) -> Any:
 
 
 def _suggest(loc: list[Any], raw: dict[str, Any]) -> str:
+    if not loc:  # the error is about the document itself (only union tags in its path)
+        return ""
     models: list[type[BaseModel]] = [ExperimentConfig]
     for part in loc[:-1]:
         fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]

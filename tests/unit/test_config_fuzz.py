@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from det_tasks.config.loader import parse_config, parse_yaml_text
@@ -57,6 +57,7 @@ def load(text: str) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
+@example({"double": None})  # found by this test: an error path made only of union tags
 def test_random_documents_validate_or_raise_config_error(document):
     load(yaml.safe_dump(document))
 

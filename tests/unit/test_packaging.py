@@ -105,3 +105,23 @@ def test_job_config_forms(tmp_path):
     empty.write_text("data: {}\n")
     with pytest.raises(ConfigError, match="nothing to run"):
         load_job_config(empty)
+
+
+def test_credentials_stay_out_of_packages_and_checkpoint_code(tmp_path: Path) -> None:
+    from det_tasks.checkpoint_format import copy_code
+
+    model = tmp_path / "model"
+    (model / ".ssh").mkdir(parents=True)
+    (model / "sub").mkdir()
+    (model / "model_def.py").write_text("x = 1\n")
+    (model / "sub" / "util.py").write_text("y = 2\n")
+    secrets = [".env", "sub/.env.local", "server.pem", "tls.key", ".ssh/id_rsa", ".netrc"]
+    for name in secrets:
+        (model / name).write_text("planted-secret\n")
+    packed = pack_model_dir(model)
+    assert sorted(packed.files) == ["model_def.py", "sub/util.py"]
+    dest = tmp_path / "ckpt"
+    dest.mkdir()
+    copy_code(model, dest)
+    copied = sorted(p.relative_to(dest / "code").as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == ["model_def.py", "sub/util.py"]

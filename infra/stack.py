@@ -42,6 +42,9 @@ class StackConfig:
     backend_store_uri: str | None = None
     prefect_port: int = 4200
     project_dir: Path = Path(__file__).resolve().parents[1]
+    # Require credentials on MLflow (basic-auth app) and Prefect (API auth string) too, for
+    # a stack exposed beyond loopback; DET_TASKS_STACK_AUTH=1 for `make up`.
+    auth: bool = False
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -55,6 +58,7 @@ class StackConfig:
             mlflow_port=_port("MLFLOW", 5001),
             backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
             prefect_port=_port("PREFECT", 4200),
+            auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
         )
 
     @property
@@ -96,10 +100,40 @@ def _credentials(config: StackConfig) -> dict[str, str]:
     return {"access_key": access, "secret_key": secret}
 
 
+def service_auth(config: StackConfig) -> dict[str, str]:
+    """The MLflow admin login and the Prefect API auth string of an ``auth`` stack,
+    generated once and kept (mode 0600) in ``<root>/service-auth.json``."""
+    path = config.root / "service-auth.json"
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    creds = {
+        "mlflow_username": "admin",
+        "mlflow_password": secrets.token_urlsafe(24),
+        "prefect_auth_string": f"det-tasks:{secrets.token_urlsafe(24)}",
+        "flask_secret_key": secrets.token_urlsafe(32),  # MLflow auth app's CSRF key
+    }
+    config.root.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(creds))
+    return creds
+
+
+def _client_auth_env(config: StackConfig) -> dict[str, str]:
+    if not config.auth:
+        return {}
+    auth = service_auth(config)
+    return {
+        "MLFLOW_TRACKING_USERNAME": auth["mlflow_username"],
+        "MLFLOW_TRACKING_PASSWORD": auth["mlflow_password"],
+        "PREFECT_API_AUTH_STRING": auth["prefect_auth_string"],
+    }
+
+
 def env_for(config: StackConfig) -> dict[str, str]:
     """What a client needs to reach this stack (also written to ``<root>/env``)."""
     creds = _credentials(config)
     return {
+        **_client_auth_env(config),
         "MLFLOW_TRACKING_URI": config.mlflow_uri,
         "MLFLOW_S3_ENDPOINT_URL": config.s3_endpoint,
         "AWS_ACCESS_KEY_ID": creds["access_key"],
@@ -198,6 +232,24 @@ def _ensure_bucket(config: StackConfig) -> None:
     raise ServiceError(f"could not create bucket {BUCKET!r} on {config.s3_endpoint}")
 
 
+def _mlflow_auth_config(config: StackConfig) -> Path:
+    """The basic-auth app's settings: users in a SQLite file beside the tracking store; a
+    logged-in user may read, only the admin may change what it does not own."""
+    auth = service_auth(config)
+    path = config.root / "mlflow" / "basic_auth.ini"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(
+        "[mlflow]\n"
+        "default_permission = READ\n"
+        f"database_uri = sqlite:///{config.root / 'mlflow' / 'auth.db'}\n"
+        f"admin_username = {auth['mlflow_username']}\n"
+        f"admin_password = {auth['mlflow_password']}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    return path
+
+
 def mlflow_service(config: StackConfig) -> Service:
     (config.root / "mlflow").mkdir(parents=True, exist_ok=True)
     env = env_for(config)
@@ -217,6 +269,8 @@ def mlflow_service(config: StackConfig) -> Service:
         "--workers",
         "2",
     ]
+    if config.auth:
+        argv += ["--app-name", "basic-auth"]
     server_env = {
         k: env[k]
         for k in (
@@ -226,6 +280,9 @@ def mlflow_service(config: StackConfig) -> Service:
             "AWS_DEFAULT_REGION",
         )
     }
+    if config.auth:
+        server_env["MLFLOW_AUTH_CONFIG_PATH"] = str(_mlflow_auth_config(config))
+        server_env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = service_auth(config)["flask_secret_key"]
     return Service(
         "mlflow",
         argv,
@@ -258,6 +315,11 @@ def _prefect_env(config: StackConfig) -> dict[str, str]:
         "PREFECT_API_URL": config.prefect_api,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "INFO",
+        **(
+            {"PREFECT_API_AUTH_STRING": service_auth(config)["prefect_auth_string"]}
+            if config.auth
+            else {}
+        ),
     }
 
 
@@ -267,6 +329,8 @@ def prefect_server_service(config: StackConfig) -> Service:
     )
     env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
     env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
+    if config.auth:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = env["PREFECT_API_AUTH_STRING"]
     argv = [
         sys.executable,
         "-m",

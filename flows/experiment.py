@@ -115,7 +115,7 @@ def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -
     running: dict[Future[Any], Work] = {}
     best: dict[str, Any] | None = None
     started = time.monotonic()
-    logger.info("experiment %r: %d trials to run, %d at a time", name, len(todo), limit)
+    logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
     while todo or running:
         while todo and len(running) < limit:
             work = todo.pop(0)

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from infra import postgres
+from infra.postgres import postgres_urls
 from infra.services import Service, ServiceError, http_ok, is_running, start, stop
 
 __all__ = ["StackConfig", "down", "env_for", "main", "up"]
@@ -45,6 +47,9 @@ class StackConfig:
     # Require credentials on MLflow (basic-auth app) and Prefect (API auth string) too, for
     # a stack exposed beyond loopback; DET_TASKS_STACK_AUTH=1 for `make up`.
     auth: bool = False
+    # PostgreSQL behind MLflow and Prefect instead of SQLite (infra/postgres.py), on this
+    # port; DET_TASKS_POSTGRES_PORT for `make up`.
+    postgres_port: int | None = None
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -59,6 +64,9 @@ class StackConfig:
             backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
             prefect_port=_port("PREFECT", 4200),
             auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
+            postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
+            if os.environ.get("DET_TASKS_POSTGRES_PORT")
+            else None,
         )
 
     @property
@@ -75,6 +83,8 @@ class StackConfig:
 
     @property
     def backend_uri(self) -> str:
+        if self.postgres_port and not self.backend_store_uri:
+            return postgres_urls(self.root, self.postgres_port)["mlflow"]
         return self.backend_store_uri or f"sqlite:///{self.root / 'mlflow' / 'mlflow.db'}"
 
 
@@ -324,8 +334,14 @@ def _prefect_env(config: StackConfig) -> dict[str, str]:
 
 
 def prefect_server_service(config: StackConfig) -> Service:
-    database = os.environ.get("DET_TASKS_PREFECT_DATABASE_URL") or (
-        f"sqlite+aiosqlite:///{config.root / 'prefect' / 'prefect.db'}"
+    database = (
+        os.environ.get("DET_TASKS_PREFECT_DATABASE_URL")
+        or (
+            postgres_urls(config.root, config.postgres_port)["prefect"]
+            if config.postgres_port
+            else None
+        )
+        or (f"sqlite+aiosqlite:///{config.root / 'prefect' / 'prefect.db'}")
     )
     env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
     env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
@@ -429,6 +445,12 @@ def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str
     ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
     _check_ports_free(seaweed, ports + [p + 10000 for p in ports])
     _check_ports_free(mlflow_service(config), [config.mlflow_port])
+    if config.postgres_port:
+        pg = postgres.postgres_service(config.root, config.postgres_port)
+        _check_ports_free(pg, [config.postgres_port])
+        postgres.prepare(config.root)
+        start(pg)
+        postgres.create_databases(config.root, config.postgres_port)
     start(seaweed)
     _ensure_bucket(config)
     start(mlflow_service(config))
@@ -449,6 +471,8 @@ def down(config: StackConfig | None = None) -> None:
     stop(prefect_server_service(config))
     stop(mlflow_service(config))
     stop(seaweed_service(config))
+    if config.postgres_port:
+        stop(postgres.postgres_service(config.root, config.postgres_port))
 
 
 def main(argv: list[str] | None = None) -> int:

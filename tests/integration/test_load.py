@@ -4,8 +4,13 @@ lost, duplicated or failed."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,7 @@ import pytest
 
 from det_tasks import pytorch
 from det_tasks.sinks import InMemoryMetricsSink
+from infra.stack import StackConfig, down, up
 from registry.checkpoints import checkpoint_records
 from registry.models import trial_runs
 from registry.services import trial_services
@@ -89,11 +95,9 @@ def test_fifty_metrics_every_batch_all_arrive(stack: Any, model_dir: Path, tmp_p
     )
 
 
-def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
-    from flows.experiment import experiment
-
-    trials = 16
-    overrides = [
+def _grid_overrides(trials: int) -> list[str]:
+    """``trials`` MNIST trials (one learning rate each), all at once, one epoch each."""
+    return [
         "searcher.name=grid",
         f"searcher.max_concurrent_trials={trials}",
         "searcher.max_length={epochs: 1}",
@@ -103,18 +107,18 @@ def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
         + "}",
         "max_restarts=0",
     ]
-    started = time.perf_counter()
-    summary = experiment(str(ROOT / "examples/mnist/const.yaml"), overrides)
-    wall_s = time.perf_counter() - started
 
-    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+
+def _audit(summary: dict[str, Any], tracking_uri: str, s3_endpoint: str) -> tuple[int, list[str]]:
+    """(trial runs found, every problem: a run not FINISHED, a training point duplicated or
+    missing at the last step, a recorded checkpoint absent from S3)."""
+    client = client_for(tracking_uri)
     parent_run_id = summary["mlflow_parent_run"].rsplit("/", 1)[-1]
-    parent = client.get_run(parent_run_id)
-    runs = trial_runs(client, parent)
-    s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
-    errors: list[str] = []
+    runs = trial_runs(client, client.get_run(parent_run_id))
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     batches_per_trial = summary["best"]["batches_trained"]  # one epoch of the digits
     assert batches_per_trial > 0
+    errors: list[str] = []
     for run in runs:
         if run.info.status != "FINISHED":
             errors.append(f"{run.info.run_name}: {run.info.status}")
@@ -133,9 +137,85 @@ def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
                 s3.head_object(Bucket=bucket, Key=f"{key}/metadata.json")
             except Exception as err:
                 errors.append(f"{record['uri']}: missing in S3 ({err})")
-    print(
-        f"\n{trials} MNIST trials at once (1 epoch each): wall {wall_s:.1f} s, "
-        f"{len(runs)} trial runs, errors: {len(errors)}"
+    return len(runs), errors
+
+
+def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
+    from flows.experiment import experiment
+
+    trials = 16
+    started = time.perf_counter()
+    summary = experiment(str(ROOT / "examples/mnist/const.yaml"), _grid_overrides(trials))
+    wall_s = time.perf_counter() - started
+    found, errors = _audit(
+        summary, os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_S3_ENDPOINT_URL"]
     )
-    assert len(runs) == trials
+    print(
+        f"\n{trials} MNIST trials at once (1 epoch each), SQLite: wall {wall_s:.1f} s, "
+        f"{found} trial runs, errors: {len(errors)}"
+    )
+    assert found == trials
+    assert errors == []
+
+
+@pytest.fixture(scope="module")
+def postgres_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if not shutil.which("initdb") and not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        pytest.skip("no PostgreSQL server binaries on this machine")
+    config = StackConfig(
+        root=tmp_path_factory.mktemp("pg-stack"),
+        s3_port=28533,
+        master_port=29534,
+        volume_port=28381,
+        filer_port=29189,
+        mlflow_port=25201,
+        prefect_port=24400,
+        postgres_port=25432,
+    )
+    try:
+        yield up(config)
+    finally:
+        down(config)
+
+
+def test_thirty_two_mnist_trials_at_once_on_postgresql(
+    postgres_stack: dict[str, str], tmp_path: Path
+) -> None:
+    trials = 32
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_"))
+        },
+        **postgres_stack,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "DET_TASKS_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    assert postgres_stack["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:25201")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.experiment",
+            str(ROOT / "examples/mnist/const.yaml"),
+            *_grid_overrides(trials),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    wall_s = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    found, errors = _audit(
+        summary, postgres_stack["MLFLOW_TRACKING_URI"], postgres_stack["MLFLOW_S3_ENDPOINT_URL"]
+    )
+    print(
+        f"\n{trials} MNIST trials at once (1 epoch each), PostgreSQL behind MLflow and Prefect: "
+        f"wall {wall_s:.1f} s, {found} trial runs, errors: {len(errors)}"
+    )
+    assert found == trials
     assert errors == []

@@ -1,0 +1,131 @@
+"""A local PostgreSQL server for MLflow's and Prefect's databases (the "at scale" backend of
+DESIGN.md), from the PostgreSQL binaries on the machine. Bound to 127.0.0.1 with password
+authentication; the password is generated once and kept (mode 0600) under the stack root.
+PostgreSQL refuses to run as root, so under root it runs as the ``postgres`` user.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from infra.services import Service, ServiceError
+
+__all__ = ["DATABASES", "postgres_service", "postgres_urls"]
+
+DATABASES = ("mlflow", "prefect")
+USER = "det_tasks"
+
+
+def _bin(name: str) -> str:
+    for candidate in (
+        shutil.which(name),
+        *sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}")),
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ServiceError(
+        f"PostgreSQL's `{name}` is not installed: install the PostgreSQL server binaries "
+        "(e.g. apt install postgresql) or leave DET_TASKS_POSTGRES_PORT unset for SQLite"
+    )
+
+
+def _as_postgres_user() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def _password(root: Path) -> str:
+    path = root / "postgres-password"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
+def _initdb(root: Path) -> Path:
+    data = root / "postgres" / "data"
+    if (data / "PG_VERSION").exists():
+        return data
+    data.mkdir(parents=True, exist_ok=True)
+    pwfile = root / "postgres" / "pwfile"
+    pwfile.write_text(_password(root) + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(data.parent, "postgres", "postgres")
+        shutil.chown(data, "postgres", "postgres")
+        shutil.chown(pwfile, "postgres", "postgres")
+    argv = [
+        *_as_postgres_user(),
+        _bin("initdb"),
+        "-D",
+        str(data),
+        "-U",
+        USER,
+        "--auth=scram-sha-256",
+        f"--pwfile={pwfile}",
+        "--encoding=UTF8",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    pwfile.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise ServiceError(f"initdb failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
+    return data
+
+
+def _accepting(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def postgres_service(root: Path, port: int) -> Service:
+    data = root / "postgres" / "data"
+    argv = [
+        *_as_postgres_user(),
+        _bin("postgres"),
+        "-D",
+        str(data),
+        "-p",
+        str(port),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        f"unix_socket_directories={data}",
+        "-c",
+        "max_connections=400",
+    ]
+    return Service("postgres", argv, lambda: _accepting(port), root, start_timeout_s=60)
+
+
+def prepare(root: Path) -> None:
+    """Create the data directory once (before the first start)."""
+    _initdb(root)
+
+
+def create_databases(root: Path, port: int) -> None:
+    """The ``mlflow`` and ``prefect`` databases, created if missing."""
+    import psycopg2
+
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=port, user=USER, password=_password(root), dbname="postgres"
+    )
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for name in DATABASES:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+
+
+def postgres_urls(root: Path, port: int) -> dict[str, str]:
+    """SQLAlchemy URLs of the two databases: MLflow's (psycopg2) and Prefect's (asyncpg)."""
+    auth = f"{USER}:{_password(root)}@127.0.0.1:{port}"
+    return {
+        "mlflow": f"postgresql+psycopg2://{auth}/mlflow",
+        "prefect": f"postgresql+asyncpg://{auth}/prefect",
+    }

@@ -1,16 +1,20 @@
 """A local PostgreSQL server for MLflow's and Prefect's databases (the "at scale" backend of
 DESIGN.md), from the PostgreSQL binaries on the machine. Bound to 127.0.0.1 with password
 authentication; the password is generated once and kept (mode 0600) under the stack root.
-PostgreSQL refuses to run as root, so under root it runs as the ``postgres`` user.
+PostgreSQL refuses to run as root, so under root it runs as the ``postgres`` user, with its
+data directory where that user can reach it (``/tmp/det-tasks-postgres-<hash of root>``
+when the stack root's parents are private, as pytest's temporary folders are).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 from infra.services import Service, ServiceError
@@ -47,12 +51,24 @@ def _password(root: Path) -> str:
     return path.read_text().strip()
 
 
+def _reachable_by_others(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents] if p.exists())
+
+
+def data_dir(root: Path) -> Path:
+    home = root / "postgres"
+    if os.geteuid() == 0 and not _reachable_by_others(root):
+        digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
+        home = Path(tempfile.gettempdir()) / f"det-tasks-postgres-{digest}"
+    return home / "data"
+
+
 def _initdb(root: Path) -> Path:
-    data = root / "postgres" / "data"
+    data = data_dir(root)
     if (data / "PG_VERSION").exists():
         return data
     data.mkdir(parents=True, exist_ok=True)
-    pwfile = root / "postgres" / "pwfile"
+    pwfile = data.parent / "pwfile"
     pwfile.write_text(_password(root) + "\n")
     if os.geteuid() == 0:
         shutil.chown(data.parent, "postgres", "postgres")
@@ -83,7 +99,7 @@ def _accepting(port: int) -> bool:
 
 
 def postgres_service(root: Path, port: int) -> Service:
-    data = root / "postgres" / "data"
+    data = data_dir(root)
     argv = [
         *_as_postgres_user(),
         _bin("postgres"),

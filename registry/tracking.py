@@ -5,6 +5,7 @@ a resumed flow) returns the same run instead of a duplicate."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +26,9 @@ PARENT_TAG = "mlflow.parentRunId"
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
+    # MLflow writes "View run ... at: URL" to stdout when a run ends; our commands print
+    # machine-readable JSON there (and the same links in it), so the lines stay out.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if not tracking_uri.startswith(("http://", "https://")):
         # MLflow's SQLAlchemy store trips SQLAlchemy 2's deprecation of ``noload`` on every
         # process start: MLflow's business, not the user's.

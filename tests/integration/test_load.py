@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +109,18 @@ def _grid_overrides(trials: int) -> list[str]:
     ]
 
 
-def _audit(summary: dict[str, Any], tracking_uri: str, s3_endpoint: str) -> tuple[int, list[str]]:
+def _audit(summary: dict[str, Any], env: Mapping[str, str]) -> tuple[int, list[str]]:
     """(trial runs found, every problem: a run not FINISHED, a training point duplicated or
     missing at the last step, a recorded checkpoint absent from S3)."""
-    client = client_for(tracking_uri)
+    client = client_for(env["MLFLOW_TRACKING_URI"])
     parent_run_id = summary["mlflow_parent_run"].rsplit("/", 1)[-1]
     runs = trial_runs(client, client.get_run(parent_run_id))
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
     batches_per_trial = summary["best"]["batches_trained"]  # one epoch of the digits
     assert batches_per_trial > 0
     errors: list[str] = []
@@ -147,9 +152,7 @@ def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
     started = time.perf_counter()
     summary = experiment(str(ROOT / "examples/mnist/const.yaml"), _grid_overrides(trials))
     wall_s = time.perf_counter() - started
-    found, errors = _audit(
-        summary, os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_S3_ENDPOINT_URL"]
-    )
+    found, errors = _audit(summary, os.environ)
     print(
         f"\n{trials} MNIST trials at once (1 epoch each), SQLite: wall {wall_s:.1f} s, "
         f"{found} trial runs, errors: {len(errors)}"
@@ -210,9 +213,7 @@ def test_thirty_two_mnist_trials_at_once_on_postgresql(
     wall_s = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
-    found, errors = _audit(
-        summary, postgres_stack["MLFLOW_TRACKING_URI"], postgres_stack["MLFLOW_S3_ENDPOINT_URL"]
-    )
+    found, errors = _audit(summary, postgres_stack)
     print(
         f"\n{trials} MNIST trials at once (1 epoch each), PostgreSQL behind MLflow and Prefect: "
         f"wall {wall_s:.1f} s, {found} trial runs, errors: {len(errors)}"

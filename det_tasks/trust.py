@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from det_tasks.home import det_tasks_home
+
 __all__ = [
     "SIGNING_KEY_ENV",
     "TRUSTED_SCHEMES_ENV",
@@ -33,18 +35,13 @@ TRUSTED_SCHEMES_ENV = "DET_TASKS_TRUSTED_SCHEMES"
 _DEFAULT_TRUSTED = ("runs", "models")
 
 
-def _key_file() -> Path:
-    home = os.environ.get("DET_TASKS_HOME") or Path.home() / ".det_tasks"
-    return Path(home).expanduser() / "signing.key"
-
-
 def installation_key() -> bytes:
     """``$DET_TASKS_SIGNING_KEY``, else a random key kept (mode 0600) in
     ``$DET_TASKS_HOME/signing.key``, created on first use."""
     from_env = os.environ.get(SIGNING_KEY_ENV)
     if from_env:
         return from_env.encode()
-    path = _key_file()
+    path = det_tasks_home() / "signing.key"
     with contextlib.suppress(FileNotFoundError):
         return path.read_bytes().strip()
     path.parent.mkdir(parents=True, exist_ok=True)

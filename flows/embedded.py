@@ -1,21 +1,15 @@
 """The no-server default: with no MLFLOW_TRACKING_URI, a local MLflow SQLite store and
-artifact directory; with no PREFECT_API_URL, Prefect's own ephemeral server. Variables the
-user set always win, so the same entry points run against a real stack unchanged."""
+artifact directory in the installation's folder (det_tasks.home); with no PREFECT_API_URL,
+Prefect's own ephemeral server. Variables the user set always win, so the same entry points
+run against a real stack unchanged."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-__all__ = ["EMBEDDED_HOME_ENV", "embedded_home", "use_embedded_defaults"]
+from det_tasks.home import det_tasks_home
 
-EMBEDDED_HOME_ENV = "DET_TASKS_HOME"
-
-
-def embedded_home() -> Path:
-    """Where the embedded MLflow store and artifacts live (``$DET_TASKS_HOME`` or
-    ``~/.det_tasks``)."""
-    return Path(os.environ.get(EMBEDDED_HOME_ENV) or Path.home() / ".det_tasks").expanduser()
+__all__ = ["use_embedded_defaults"]
 
 
 def use_embedded_defaults() -> dict[str, str]:
@@ -23,7 +17,7 @@ def use_embedded_defaults() -> dict[str, str]:
     can tell the user where to look."""
     chosen: dict[str, str] = {}
     if not os.environ.get("MLFLOW_TRACKING_URI"):
-        home = embedded_home().resolve()
+        home = det_tasks_home().resolve()
         home.mkdir(parents=True, exist_ok=True)
         chosen["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow.db'}"
         if not os.environ.get("DET_TASKS_ARTIFACT_ROOT"):

@@ -24,9 +24,6 @@ class FileLocation:
     def uri(self) -> str:
         return self.path.as_uri()
 
-    def key(self, relative: str) -> str:
-        return str(self.path / relative)
-
     def child(self, relative: str) -> FileLocation:
         return FileLocation(self.path / relative)
 
@@ -86,9 +83,10 @@ class FileLocation:
             raise
 
     def delete(self) -> int:
-        count = len(self.files()) if self.path.is_dir() else int(self.path.is_file())
-        if self.path.is_dir():
-            shutil.rmtree(self.path, ignore_errors=True)
-        else:
+        if not self.path.is_dir():
+            existed = self.path.is_file()
             self.path.unlink(missing_ok=True)
+            return int(existed)
+        count = len(self.files())
+        shutil.rmtree(self.path, ignore_errors=True)
         return count

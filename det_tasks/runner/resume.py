@@ -4,7 +4,6 @@ previous one, instead of failing every retry of the trial on the same bad bytes.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -14,8 +13,6 @@ from det_tasks.pytorch._loop import open_checkpoint
 from det_tasks.storage import CheckpointStore
 
 __all__ = ["choose_resume_checkpoint"]
-
-log = logging.getLogger(__name__)
 
 
 def choose_resume_checkpoint(
@@ -36,9 +33,10 @@ def choose_resume_checkpoint(
                 ckpt.find_state_file(path)
         except CheckpointError as err:
             problems.append(f"{reference}: {err}")
-            message = f"checkpoint {reference} is unusable ({err}); trying the previous one"
-            log.warning("%s", message)
-            print(f"warning: {message}", file=sys.stderr)
+            print(
+                f"warning: checkpoint {reference} is unusable ({err}); trying the previous one",
+                file=sys.stderr,
+            )
             continue
         return reference
     raise CheckpointError("no intact checkpoint to resume from:\n  " + "\n  ".join(problems))

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from infra.services import Service, ServiceError
+from infra.services import Service, ServiceError, kept_secrets
 
 __all__ = ["DATABASES", "postgres_service", "postgres_urls"]
 
@@ -43,12 +43,10 @@ def _as_postgres_user() -> list[str]:
 
 
 def _password(root: Path) -> str:
-    path = root / "postgres-password"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(24))
-    return path.read_text().strip()
+    kept = kept_secrets(
+        root / "postgres-password.json", lambda: {"password": secrets.token_urlsafe(24)}
+    )
+    return str(kept["password"])
 
 
 def _reachable_by_others(path: Path) -> bool:

@@ -7,6 +7,7 @@ children it spawned (MLflow's huey workers, SeaweedFS's sub-servers): nothing is
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Service", "ServiceError", "http_ok", "is_running", "start", "stop"]
+__all__ = ["Service", "ServiceError", "http_ok", "is_running", "kept_secrets", "start", "stop"]
 
 
 class ServiceError(RuntimeError):
@@ -41,6 +43,16 @@ class Service:
     @property
     def logfile(self) -> Path:
         return self.root / "logs" / f"{self.name}.log"
+
+
+def kept_secrets(path: Path, generate: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Secrets generated once per stack directory and kept in ``path`` (JSON, mode 0600,
+    never wider even for a moment); later calls read them back."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(generate()))
+    return dict(json.loads(path.read_text()))
 
 
 def http_ok(url: str, timeout: float = 2.0, expect_status: int | None = 200) -> bool:

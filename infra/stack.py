@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import secrets
 import shutil
@@ -18,10 +17,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from infra import postgres
 from infra.postgres import postgres_urls
-from infra.services import Service, ServiceError, http_ok, is_running, start, stop
+from infra.services import (
+    Service,
+    ServiceError,
+    http_ok,
+    is_running,
+    kept_secrets,
+    start,
+    stop,
+)
 
 __all__ = ["StackConfig", "down", "env_for", "main", "up"]
 
@@ -89,43 +97,38 @@ class StackConfig:
 
 
 def _credentials(config: StackConfig) -> dict[str, str]:
-    """Generated once per stack directory; SeaweedFS refuses any other key."""
-    path = config.root / "s3-identities.json"
-    if path.exists():
-        creds = json.loads(path.read_text())["identities"][0]["credentials"][0]
-        return {"access_key": creds["accessKey"], "secret_key": creds["secretKey"]}
-    access, secret = "det" + secrets.token_hex(8), secrets.token_urlsafe(30)
-    config.root.mkdir(parents=True, exist_ok=True)
-    identities = {
-        "identities": [
-            {
-                "name": "admin",
-                "credentials": [{"accessKey": access, "secretKey": secret}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }
-        ]
-    }
-    path.write_text(json.dumps(identities))
-    path.chmod(0o600)
-    return {"access_key": access, "secret_key": secret}
+    """Generated once per stack directory; SeaweedFS refuses any other key. The file is
+    SeaweedFS's own identities format (the server reads it through ``-s3.config``)."""
+
+    def identities() -> dict[str, Any]:
+        access, secret = "det" + secrets.token_hex(8), secrets.token_urlsafe(30)
+        return {
+            "identities": [
+                {
+                    "name": "admin",
+                    "credentials": [{"accessKey": access, "secretKey": secret}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+
+    kept = kept_secrets(config.root / "s3-identities.json", identities)
+    creds = kept["identities"][0]["credentials"][0]
+    return {"access_key": creds["accessKey"], "secret_key": creds["secretKey"]}
 
 
 def service_auth(config: StackConfig) -> dict[str, str]:
     """The MLflow admin login and the Prefect API auth string of an ``auth`` stack,
-    generated once and kept (mode 0600) in ``<root>/service-auth.json``."""
-    path = config.root / "service-auth.json"
-    if path.exists():
-        return dict(json.loads(path.read_text()))
-    creds = {
-        "mlflow_username": "admin",
-        "mlflow_password": secrets.token_urlsafe(24),
-        "prefect_auth_string": f"det-tasks:{secrets.token_urlsafe(24)}",
-        "flask_secret_key": secrets.token_urlsafe(32),  # MLflow auth app's CSRF key
-    }
-    config.root.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(creds))
-    return creds
+    generated once and kept in ``<root>/service-auth.json``."""
+    return kept_secrets(
+        config.root / "service-auth.json",
+        lambda: {
+            "mlflow_username": "admin",
+            "mlflow_password": secrets.token_urlsafe(24),
+            "prefect_auth_string": f"det-tasks:{secrets.token_urlsafe(24)}",
+            "flask_secret_key": secrets.token_urlsafe(32),  # MLflow auth app's CSRF key
+        },
+    )
 
 
 def _client_auth_env(config: StackConfig) -> dict[str, str]:

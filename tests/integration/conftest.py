@@ -10,21 +10,14 @@ from pathlib import Path
 import pytest
 
 from infra.stack import StackConfig, down, mlflow_service, up
+from tests.integration.helpers import isolated_stack_config
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     pytest.importorskip("mlflow", reason="the platform extra is not installed")
     root = tmp_path_factory.mktemp("stack")
-    config = StackConfig(
-        root=root,
-        s3_port=28333,
-        master_port=29334,
-        volume_port=28181,
-        filer_port=28989,
-        mlflow_port=25001,
-        prefect_port=24200,
-    )
+    config = isolated_stack_config(root)
     saved = dict(os.environ)
     try:
         env = up(config)

@@ -12,19 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import env_without_platform
+
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
 NOISE = ("Traceback", "CancelledError", "Still processing items", "Failed to send telemetry")
 
 
 def _clean_env(home: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_"))
-    }
-    env.update(DET_TASKS_HOME=str(home / "det"), PREFECT_HOME=str(home / "prefect"))
-    return env
+    return env_without_platform(
+        DET_TASKS_HOME=str(home / "det"), PREFECT_HOME=str(home / "prefect")
+    )
 
 
 def _run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:

@@ -19,12 +19,13 @@ import pytest
 
 from det_tasks import pytorch
 from det_tasks.sinks import InMemoryMetricsSink
-from infra.stack import StackConfig, down, up
+from infra.stack import down, up
 from registry.checkpoints import checkpoint_records
 from registry.models import trial_runs
 from registry.services import trial_services
 from registry.tracking import client_for
 from tests.fixtures.trials import OneVarTrial
+from tests.integration.helpers import env_without_platform, isolated_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -165,16 +166,7 @@ def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
 def postgres_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     if not shutil.which("initdb") and not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
         pytest.skip("no PostgreSQL server binaries on this machine")
-    config = StackConfig(
-        root=tmp_path_factory.mktemp("pg-stack"),
-        s3_port=28533,
-        master_port=29534,
-        volume_port=28381,
-        filer_port=29189,
-        mlflow_port=25201,
-        prefect_port=24400,
-        postgres_port=25432,
-    )
+    config = isolated_stack_config(tmp_path_factory.mktemp("pg-stack"), 200, postgres_port=25432)
     try:
         yield up(config)
     finally:
@@ -185,16 +177,11 @@ def test_thirty_two_mnist_trials_at_once_on_postgresql(
     postgres_stack: dict[str, str], tmp_path: Path
 ) -> None:
     trials = 32
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_"))
-        },
+    env = env_without_platform(
         **postgres_stack,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "DET_TASKS_CACHE_DIR": str(tmp_path / "cache"),
-    }
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        DET_TASKS_CACHE_DIR=str(tmp_path / "cache"),
+    )
     assert postgres_stack["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:25201")
     started = time.perf_counter()
     proc = subprocess.run(

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 from infra.stack import BUCKET, StackConfig
-
-ROOT = Path(__file__).resolve().parents[2]
-FLOW_MODEL = ROOT / "tests" / "fixtures" / "flow_model"
+from tests.integration.helpers import FLOW_MODEL, run_xor_trial
 
 
 def test_planted_secrets_appear_nowhere(stack: StackConfig, tmp_path: Path) -> None:
@@ -47,26 +43,8 @@ def test_planted_secrets_appear_nowhere(stack: StackConfig, tmp_path: Path) -> N
     ]
     name = f"secrets-{uuid.uuid4().hex[:8]}"
     cache = tmp_path / "cache"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "det_tasks.runner.cli",
-            "run",
-            str(model / "killable.yaml"),
-            str(model),
-            "--no-progress",
-            "--param",
-            f"name={name}",
-            "--param",
-            "hyperparameters.sleep_s=0",
-            "--max-batches",
-            "60",
-        ],
-        env={**os.environ, **planted, "DET_TASKS_CACHE_DIR": str(cache)},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = run_xor_trial(
+        name, 60, {**os.environ, **planted, "DET_TASKS_CACHE_DIR": str(cache)}, model
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,24 +15,18 @@ from pathlib import Path
 import pytest
 
 from infra.stack import StackConfig, down, env_for, service_auth, up
-
-ROOT = Path(__file__).resolve().parents[2]
-FLOW_MODEL = ROOT / "tests" / "fixtures" / "flow_model"
+from tests.integration.helpers import (
+    FLOW_MODEL,
+    env_without_platform,
+    isolated_stack_config,
+    run_xor_trial,
+)
 
 
 @pytest.fixture(scope="module")
 def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs flask-wtf")
-    config = StackConfig(
-        root=tmp_path_factory.mktemp("auth-stack"),
-        s3_port=28433,
-        master_port=29434,
-        volume_port=28281,
-        filer_port=29089,
-        mlflow_port=25101,
-        prefect_port=24300,
-        auth=True,
-    )
+    config = isolated_stack_config(tmp_path_factory.mktemp("auth-stack"), 100, auth=True)
     try:
         up(config)
         yield config
@@ -76,37 +67,9 @@ def test_prefect_refuses_requests_without_the_auth_string(auth_stack: StackConfi
 def test_platform_clients_work_with_the_credentials(
     auth_stack: StackConfig, tmp_path: Path
 ) -> None:
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_"))
-        },
-        **env_for(auth_stack),
-        "DET_TASKS_CACHE_DIR": str(tmp_path / "cache"),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "det_tasks.runner.cli",
-            "run",
-            str(FLOW_MODEL / "killable.yaml"),
-            str(FLOW_MODEL),
-            "--no-progress",
-            "--param",
-            "name=auth-check",
-            "--param",
-            "hyperparameters.sleep_s=0",
-            "--max-batches",
-            "30",
-            "--summary-file",
-            str(tmp_path / "summary.json"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    env = env_without_platform(**env_for(auth_stack), DET_TASKS_CACHE_DIR=str(tmp_path / "cache"))
+    proc = run_xor_trial(
+        "auth-check", 30, env, FLOW_MODEL, "--summary-file", str(tmp_path / "summary.json")
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

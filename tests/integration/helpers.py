@@ -1,0 +1,65 @@
+"""What several integration tests share: the test stacks' ports, an environment that names
+no platform service, and a quick `det-tasks run` of the flow tests' XOR trial."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from infra.stack import StackConfig
+
+FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
+PLATFORM_PREFIXES = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
+
+
+def isolated_stack_config(root: Path, offset: int = 0, **settings: Any) -> StackConfig:
+    """A stack on the tests' ports (apart from a developer's `make up` stack); each extra
+    stack a test starts beside the session's takes its own ``offset``."""
+    return StackConfig(
+        root=root,
+        s3_port=28333 + offset,
+        master_port=29334 + offset,
+        volume_port=28181 + offset,
+        filer_port=28989 + offset,
+        mlflow_port=25001 + offset,
+        prefect_port=24200 + offset,
+        **settings,
+    )
+
+
+def env_without_platform(**extra: str) -> dict[str, str]:
+    """This process's environment minus every MLflow/S3/Prefect/det-tasks variable, plus
+    ``extra``: a child that sees only what the test gives it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_PREFIXES)}
+    return {**env, **extra}
+
+
+def run_xor_trial(
+    name: str, batches: int, env: dict[str, str], model_dir: Path = FLOW_MODEL, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`det-tasks run` of the XOR trial (no sleeps) as experiment ``name``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "det_tasks.runner.cli",
+            "run",
+            str(model_dir / "killable.yaml"),
+            str(model_dir),
+            "--no-progress",
+            "--param",
+            f"name={name}",
+            "--param",
+            "hyperparameters.sleep_s=0",
+            "--max-batches",
+            str(batches),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

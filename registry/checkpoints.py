@@ -26,7 +26,14 @@ from det_tasks.errors import CheckpointError
 from registry.cache import fetch_checkpoint
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
 
-__all__ = ["CHECKPOINT_TAG", "S3CheckpointStore", "checkpoint_records", "run_checkpoint_location"]
+__all__ = [
+    "CHECKPOINT_TAG",
+    "S3CheckpointStore",
+    "checkpoint_records",
+    "rank_by_metric",
+    "run_checkpoint_location",
+    "validation_value",
+]
 
 CHECKPOINT_TAG = "det.checkpoint."
 
@@ -39,6 +46,22 @@ def run_checkpoint_location(
     artifact_uri = client.get_run(run_id).info.artifact_uri
     base = artifact_location(artifact_uri, artifacts_destination, f"run {run_id}")
     return base.child(f"checkpoints/{uuid}")
+
+
+def validation_value(record: dict[str, Any], metric: str) -> float | None:
+    """The checkpoint's validation value of ``metric``, if it was validated with one."""
+    value = (record.get("validation_metrics") or {}).get(metric)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def rank_by_metric(
+    records: list[dict[str, Any]], metric: str, smaller_is_better: bool
+) -> list[dict[str, Any]]:
+    """The records that carry ``metric``, best first (the searcher's ordering rule, for the
+    best-checkpoint lookup, experiment views and GC alike)."""
+    sign = 1.0 if smaller_is_better else -1.0
+    scored = [(value, r) for r in records if (value := validation_value(r, metric)) is not None]
+    return [r for _, r in sorted(scored, key=lambda s: sign * s[0])]
 
 
 def checkpoint_records(client: MlflowClient, run_id: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from det_tasks.errors import DetTasksError
-from registry.checkpoints import checkpoint_records
+from registry.checkpoints import checkpoint_records, rank_by_metric, validation_value
 from registry.models import trial_runs
 from registry.settings import RegistrySettings
 from registry.tracking import EXPERIMENT_RUN_TAG, TRIAL_TAG, client_for
@@ -55,15 +55,10 @@ class ExperimentView:
 def _best_record(
     records: list[dict[str, Any]], metric: str, smaller: bool
 ) -> tuple[float | None, str | None]:
-    scored = [
-        (float(r["validation_metrics"][metric]), r["uri"])
-        for r in records
-        if isinstance((r.get("validation_metrics") or {}).get(metric), int | float)
-    ]
-    if not scored:
+    ranked = rank_by_metric(records, metric, smaller)
+    if not ranked:
         return None, records[-1]["uri"] if records else None
-    value, uri = min(scored, key=lambda s: s[0] if smaller else -s[0])
-    return value, uri
+    return validation_value(ranked[0], metric), ranked[0]["uri"]
 
 
 def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> TrialView:

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from det_tasks.gc import checkpoints_to_keep
 from det_tasks.sinks import ReportedCheckpoint
-from registry.checkpoints import CHECKPOINT_TAG, checkpoint_records
+from registry.checkpoints import CHECKPOINT_TAG, checkpoint_records, rank_by_metric
 from registry.s3 import delete_prefix, parse_location
 
 __all__ = ["GcResult", "collect_experiment_garbage", "registered_uuids"]
@@ -68,13 +68,8 @@ def collect_experiment_garbage(
         ]
         keep |= checkpoints_to_keep(reported, keep_latest, keep_best, metric, smaller)
     if metric and keep_exp_best:
-        scored = [
-            (r["validation_metrics"][metric], uuid)
-            for uuid, (_, r) in records.items()
-            if isinstance((r.get("validation_metrics") or {}).get(metric), int | float)
-        ]
-        scored.sort(key=lambda s: s[0] if smaller else -s[0])
-        keep |= {uuid for _, uuid in scored[:keep_exp_best]}
+        ranked = rank_by_metric([r for _, r in records.values()], metric, smaller)
+        keep |= {r["uuid"] for r in ranked[:keep_exp_best]}
     protected = registered_uuids(client, [r.info.run_id for r in trial_runs])
     deleted = []
     for uuid, (run_id, record) in records.items():

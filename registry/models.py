@@ -10,7 +10,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from det_tasks.errors import DetTasksError
-from registry.checkpoints import checkpoint_records
+from registry.checkpoints import checkpoint_records, rank_by_metric, validation_value
 from registry.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
 
 __all__ = ["BestCheckpoint", "best_checkpoint", "register_checkpoint", "set_alias"]
@@ -57,19 +57,21 @@ def best_checkpoint(client: MlflowClient, experiment: str) -> BestCheckpoint:
     smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
     if not metric:
         raise DetTasksError(f"experiment {experiment!r} records no searcher metric")
-    candidates = []
-    for run in trial_runs(client, parent):
-        for record in checkpoint_records(client, run.info.run_id):
-            value = (record.get("validation_metrics") or {}).get(metric)
-            if isinstance(value, int | float):
-                candidates.append((float(value), run.info.run_id, record))
-    if not candidates:
+    records = [
+        {**record, "run_id": run.info.run_id}
+        for run in trial_runs(client, parent)
+        for record in checkpoint_records(client, run.info.run_id)
+    ]
+    ranked = rank_by_metric(records, metric, smaller)
+    if not ranked:
         raise DetTasksError(
             f"experiment {experiment!r} has no checkpoint with a validation of {metric!r}"
         )
-    value, run_id, record = min(candidates, key=lambda c: c[0] if smaller else -c[0])
+    best = ranked[0]
+    value = validation_value(best, metric)
+    assert value is not None
     return BestCheckpoint(
-        run_id, record["uuid"], record["uri"], metric, value, int(record["steps_completed"])
+        best["run_id"], best["uuid"], best["uri"], metric, value, int(best["steps_completed"])
     )
 
 

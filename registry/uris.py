@@ -21,21 +21,27 @@ from registry.cache import fetch_checkpoint
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
 
-__all__ = ["models_uri_source", "resolve_models", "resolve_runs", "resolve_s3", "to_s3_location"]
+__all__ = [
+    "models_uri_source",
+    "resolve_models",
+    "resolve_runs",
+    "resolve_s3",
+    "checkpoint_location",
+]
 
 
 def _settings() -> RegistrySettings:
     return RegistrySettings.from_env()
 
 
-def to_s3_location(uri: str) -> s3_lib.Location:
+def checkpoint_location(uri: str) -> s3_lib.Location:
     """Where the bytes behind any supported URI live."""
     if uri.startswith(("s3://", "file:")):
         return s3_lib.parse_location(uri)
     if uri.startswith("runs:/"):
         return _runs_location(uri)
     if uri.startswith("models:/"):
-        return to_s3_location(models_uri_source(uri))
+        return checkpoint_location(models_uri_source(uri))
     raise CheckpointError(f"{uri!r}: unsupported checkpoint URI scheme")
 
 
@@ -112,7 +118,7 @@ def models_uri_source(uri: str) -> str:
 
 
 def _fetch(uri: str) -> Path:
-    location = to_s3_location(uri)
+    location = checkpoint_location(uri)
     return fetch_checkpoint(s3_lib.client(_settings().s3_endpoint), location, _settings().cache_dir)
 
 

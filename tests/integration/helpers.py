@@ -17,7 +17,9 @@ PLATFORM_PREFIXES = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
 
 def isolated_stack_config(root: Path, offset: int = 0, **settings: Any) -> StackConfig:
     """A stack on the tests' ports (apart from a developer's `make up` stack); each extra
-    stack a test starts beside the session's takes its own ``offset``."""
+    stack a test starts beside the session's takes its own ``offset``.
+    ``DET_TASKS_TEST_PORT_OFFSET`` shifts them all, so two checkouts can test at once."""
+    offset += int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0"))
     return StackConfig(
         root=root,
         s3_port=28333 + offset,

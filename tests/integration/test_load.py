@@ -166,7 +166,11 @@ def test_sixteen_mnist_trials_at_once(stack: Any) -> None:
 def postgres_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     if not shutil.which("initdb") and not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
         pytest.skip("no PostgreSQL server binaries on this machine")
-    config = isolated_stack_config(tmp_path_factory.mktemp("pg-stack"), 200, postgres_port=25432)
+    config = isolated_stack_config(
+        tmp_path_factory.mktemp("pg-stack"),
+        200,
+        postgres_port=25432 + int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0")),
+    )
     try:
         yield up(config)
     finally:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from det_tasks.errors import CheckpointError
+from det_tasks.safe_unpickle import load_pickle, torch_safe_globals
 
 __all__ = [
     "FORMAT_VERSION",
@@ -28,6 +29,7 @@ __all__ = [
     "STATE_FILE",
     "capture_rng_state",
     "copy_code",
+    "determined_progress",
     "find_state_file",
     "read_json",
     "read_state",
@@ -50,14 +52,6 @@ _LEGACY_STATE_PATHS = [
     ("checkpoint.pt",),
 ]
 _SKIP_CODE = {".git", "__pycache__", ".venv", "checkpoints", ".mypy_cache", ".pytest_cache"}
-
-
-def _numpy_safe_globals() -> list[Any]:
-    core = getattr(np, "_core", None) or np.core
-    found: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
-    found += [getattr(core.multiarray, "scalar", None)]
-    found += [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
-    return [g for g in found if g is not None]
 
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:
@@ -103,13 +97,40 @@ def find_state_file(path: Path) -> Path:
     )
 
 
+def determined_progress(path: Path) -> dict[str, Any]:
+    """How far a Determined-written checkpoint had trained, from whichever progress file
+    its version wrote: ``trial_state.pkl`` (0.19+: ``batches_trained``),
+    ``workload_sequencer.pkl`` (0.15-0.18: ``latest_batch``, earlier ``steps_completed`` or
+    ``total_batches_processed``), else ``metadata.json``'s ``steps_completed``/``latest_batch``.
+    Pickles are read through the allow-list of det_tasks.safe_unpickle."""
+    for name, keys in (
+        ("trial_state.pkl", ("batches_trained",)),
+        ("workload_sequencer.pkl", ("latest_batch", "steps_completed", "total_batches_processed")),
+    ):
+        file = path / name
+        if file.is_file():
+            state = load_pickle(file)
+            if not isinstance(state, dict):
+                raise CheckpointError(f"{str(file)!r} does not hold a dict")
+            batches = next((state[k] for k in keys if state.get(k) is not None), None)
+            if batches is None:
+                raise CheckpointError(f"{str(file)!r} records none of {', '.join(keys)}")
+            return {"batches_trained": int(batches)}
+    meta = path / METADATA_FILE
+    data = read_json(meta) if meta.exists() else {}
+    steps = (
+        data.get("steps_completed", data.get("latest_batch", 0)) if isinstance(data, dict) else 0
+    )
+    return {"batches_trained": int(steps or 0)}
+
+
 def read_state(path: Path, torch_load_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load ``state_dict.pth`` safely (weights_only unless the caller overrides it)."""
     state_file = find_state_file(path)
     kwargs = {"map_location": "cpu", "weights_only": True, **(torch_load_kwargs or {})}
     try:
         if kwargs["weights_only"]:
-            with torch.serialization.safe_globals(_numpy_safe_globals()):
+            with torch.serialization.safe_globals(torch_safe_globals()):
                 state = torch.load(str(state_file), **kwargs)
         else:
             state = torch.load(str(state_file), **kwargs)

@@ -18,8 +18,13 @@ import torch
 
 from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
+from det_tasks.pytorch._context import (
+    PyTorchExperimentalContext,
+    PyTorchTrialContext,
+    TrialSettings,
+)
 from det_tasks.pytorch._legacy import adapt_trial
+from det_tasks.pytorch._load_spec import read_load_data, trial_class_spec
 from det_tasks.trust import is_signed_here, trusted_schemes
 from det_tasks.uris import open_checkpoint_uri, scheme_of
 
@@ -27,10 +32,38 @@ __all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
 
 
 class CheckpointLoadContext(PyTorchTrialContext):
-    """The context a trial gets when rebuilt from a checkpoint: no training loop behind it."""
+    """The context a trial gets when rebuilt from a checkpoint: no training loop behind it,
+    so the wrap calls only register (and move models to the device): no data-parallel
+    wrapper, no Horovod optimizer, no autocast from use_amp()/configure_apex_amp()."""
 
     def __init__(self, settings: TrialSettings) -> None:
         super().__init__(dataclasses.replace(settings, managed_training=False))
+        self.experimental = _LoadExperimentalContext(self)
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__name__}")
+        model = model.to(self.device)
+        self.models.append(model)
+        return model
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any
+    ) -> torch.optim.Optimizer:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"wrap_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def configure_apex_amp(self, models: Any, optimizers: Any, *args: Any, **kwargs: Any) -> Any:
+        return models, optimizers
+
+
+class _LoadExperimentalContext(PyTorchExperimentalContext):
+    def use_amp(self) -> None:
+        """Inference from a checkpoint runs the model as written: no autocast, no scaler."""
 
 
 def load_trial_from_checkpoint_path(
@@ -54,7 +87,7 @@ def load_trial_from_checkpoint_path(
     compat.install()
     with open_checkpoint_uri(str(path)) as directory:
         metadata = ckpt.verify(directory)
-        load_data = _read_load_data(directory)
+        load_data = read_load_data(directory)
         state = ckpt.read_state(directory, torch_load_kwargs)
         if trial_class is None:
             _check_code_trusted(str(path), directory, metadata, trust_code)
@@ -74,16 +107,6 @@ def load_trial_from_checkpoint_path(
         for model in context.models:
             model.eval()
         return trial
-
-
-def _read_load_data(directory: Path) -> dict[str, Any]:
-    path = directory / ckpt.LOAD_DATA_FILE
-    if not path.exists():
-        return {}
-    data = ckpt.read_json(path)
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{str(path)!r} does not hold a JSON object")
-    return data
 
 
 def _device_of(torch_load_kwargs: dict[str, Any] | None) -> torch.device:
@@ -109,12 +132,7 @@ def _check_code_trusted(
 
 
 def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
-    spec = load_data.get("trial_cls_spec")
-    if not spec or ":" not in spec:
-        raise CheckpointError(
-            f"checkpoint {str(directory)!r} does not record its trial class "
-            "(load_data.json has no trial_cls_spec); pass trial_class=YourTrial"
-        )
+    spec = trial_class_spec(directory, load_data)
     module_name, _, qualname = spec.partition(":")
     code = directory / "code"
     with (

@@ -255,6 +255,7 @@ def _find_flow_run(ident: str) -> Any:
     import uuid
 
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     try:
         full = uuid.UUID(ident)
@@ -264,15 +265,33 @@ def _find_flow_run(ident: str) -> Any:
         with get_client(sync_client=True) as client:
             try:
                 return client.read_flow_run(full)
-            except Exception:
+            except ObjectNotFound:
                 raise DetTasksError(f"no experiment run with id {ident!r}") from None
+            except Exception as err:  # unreachable server, refused auth, ...
+                raise _server_error(ident, err) from err
     if len(ident) < 8:
         raise ConfigError(f"experiment id {ident!r} is too short: give 8+ characters")
-    matches = [r for r in _flow_runs(200) if str(r.id).startswith(ident)]
+    try:
+        runs = _flow_runs(200)
+    except Exception as err:
+        raise _server_error(ident, err) from err
+    matches = [r for r in runs if str(r.id).startswith(ident)]
     if len(matches) != 1:
         found = "no" if not matches else f"{len(matches)}"
         raise DetTasksError(f"{found} experiment runs match {ident!r}: give more characters")
     return matches[0]
+
+
+def _server_error(ident: str, err: Exception) -> DetTasksError:
+    """Looking a run up failed for a reason other than "not found": say which."""
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().api.url or "(no PREFECT_API_URL set)"
+    return DetTasksError(
+        f"could not look up experiment run {ident!r}: the Prefect server at {api} failed "
+        f"({type(err).__name__}: {err}); is it up (make up) and are PREFECT_API_URL and "
+        "PREFECT_API_KEY/PREFECT_API_AUTH_STRING right?"
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import tempfile
 import threading
 import uuid as uuid_lib
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal
+from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal, verify
 from det_tasks.errors import CheckpointError
 from registry.cache import fetch_checkpoint
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
@@ -30,6 +29,7 @@ __all__ = [
     "CHECKPOINT_TAG",
     "S3CheckpointStore",
     "checkpoint_records",
+    "forget_checkpoint_record",
     "rank_by_metric",
     "run_checkpoint_location",
     "validation_value",
@@ -46,6 +46,33 @@ def run_checkpoint_location(
     artifact_uri = client.get_run(run_id).info.artifact_uri
     base = artifact_location(artifact_uri, artifacts_destination, f"run {run_id}")
     return base.child(f"checkpoints/{uuid}")
+
+
+def forget_checkpoint_record(client: MlflowClient, run_id: str, uuid: str, where: str) -> None:
+    """Remove a checkpoint's MLflow record after its bytes at ``where`` were deleted.
+
+    A record that is already gone is fine (deleting twice is harmless); any other failure
+    is raised with its cause, because the record now points at data that no longer exists.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_tag(run_id, f"{CHECKPOINT_TAG}{uuid}")
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return
+        raise CheckpointError(_record_left(uuid, run_id, where, err)) from err
+    except Exception as err:  # the MLflow server is unreachable, refuses auth, ...
+        raise CheckpointError(_record_left(uuid, run_id, where, err)) from err
+
+
+def _record_left(uuid: str, run_id: str, where: str, err: Exception) -> str:
+    return (
+        f"checkpoint {uuid}: its files at {where} were deleted, but removing its MLflow record "
+        f"(tag {CHECKPOINT_TAG}{uuid} on run {run_id}) failed: {type(err).__name__}: {err}. "
+        "The record now points at deleted data; fix the cause and delete again (deleting "
+        "twice is harmless)"
+    )
 
 
 def validation_value(record: dict[str, Any], metric: str) -> float | None:
@@ -97,13 +124,19 @@ class S3CheckpointStore:
         return run_checkpoint_location(self.client, self.run_id, self.artifacts_destination, uuid)
 
     def stage(self) -> Path:
-        staging = self.cache_dir / "staging"
-        staging.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="ckpt-", dir=staging))
+        """``<cache>/published/<uuid>``: kept after the upload as this host's copy of the
+        checkpoint, so the path a callback recorded stays readable (and restore skips the
+        download); deleting the checkpoint removes it too."""
+        path = self._local_copy(str(uuid_lib.uuid4()))
+        path.mkdir(parents=True)
+        return path
+
+    def _local_copy(self, uuid: str) -> Path:
+        return self.cache_dir / "published" / uuid
 
     def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
         """Returns at once: checksums and upload run on the upload thread."""
-        uuid = str(uuid_lib.uuid4())
+        uuid = staged.name
         location = self.location(uuid)
         with self._lock:
             self._uploads[uuid] = self._pool.submit(self._upload, staged, metadata, location, uuid)
@@ -126,11 +159,10 @@ class S3CheckpointStore:
             }
             self.client.set_tag(self.run_id, f"{CHECKPOINT_TAG}{uuid}", json.dumps(record))
         except Exception:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # the upload's own error is the one to raise
                 delete_prefix(self.s3, location)
-            raise
-        finally:
             shutil.rmtree(staged, ignore_errors=True)
+            raise
 
     def completed_uploads(self, wait: bool = False) -> list[str]:
         """Uploads finished since the last call (raising the first failure)."""
@@ -155,12 +187,18 @@ class S3CheckpointStore:
         future = self._uploads.get(uuid)
         if future is not None:
             future.result()
+        local = self._local_copy(uuid)
+        if (local / METADATA_FILE).is_file():
+            verify(local)
+            yield local
+            return
         yield fetch_checkpoint(self.s3, self.location(uuid), self.cache_dir)
 
     def delete(self, uuid: str) -> None:
-        delete_prefix(self.s3, self.location(uuid))
-        with contextlib.suppress(Exception):
-            self.client.delete_tag(self.run_id, f"{CHECKPOINT_TAG}{uuid}")
+        location = self.location(uuid)
+        delete_prefix(self.s3, location)
+        shutil.rmtree(self._local_copy(uuid), ignore_errors=True)
+        forget_checkpoint_record(self.client, self.run_id, uuid, location.uri)
 
     def uri(self, uuid: str) -> str:
         return f"runs:/{self.run_id}/checkpoints/{uuid}"

@@ -7,7 +7,6 @@ version; deletes the rest (S3 bytes, then the MLflow record). Deleting twice is 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from typing import Any
@@ -16,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from det_tasks.gc import checkpoints_to_keep
 from det_tasks.sinks import ReportedCheckpoint
-from registry.checkpoints import CHECKPOINT_TAG, checkpoint_records, rank_by_metric
+from registry.checkpoints import checkpoint_records, forget_checkpoint_record, rank_by_metric
 from registry.s3 import delete_prefix, parse_location
 
 __all__ = ["GcResult", "collect_experiment_garbage", "registered_uuids"]
@@ -76,7 +75,6 @@ def collect_experiment_garbage(
         if uuid in keep or uuid in protected:
             continue
         delete_prefix(s3, parse_location(record["s3_uri"]))
-        with contextlib.suppress(Exception):
-            client.delete_tag(run_id, f"{CHECKPOINT_TAG}{uuid}")
+        forget_checkpoint_record(client, run_id, uuid, record["s3_uri"])
         deleted.append(uuid)
     return GcResult(sorted(keep & set(records)), sorted(deleted), sorted(protected & set(records)))

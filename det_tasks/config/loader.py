@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.config.unhonoured import warn_unhonoured
 from det_tasks.errors import ConfigError
 
 __all__ = ["apply_overrides", "load_config", "parse_config", "parse_yaml_text"]
@@ -101,6 +102,7 @@ def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
         kind = "empty" if raw is None else f"a {type(raw).__name__}"
         raise ConfigError(f"{source}: an experiment config must be a mapping, got {kind}")
     raw = _translate_deprecated(copy.deepcopy(raw), source)
+    warn_unhonoured(raw, source)
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:

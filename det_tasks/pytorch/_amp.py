@@ -82,3 +82,35 @@ def plan_apex_amp(opt_level: str | None, enabled: bool | None) -> bool:
         stacklevel=3,
     )
     return True
+
+
+def check_apex_options(
+    patch_torch_functions: bool | None,
+    keep_batchnorm_fp32: bool | str | None,
+    master_weights: bool | None,
+    num_losses: int | None,
+    verbosity: int | None,
+) -> None:
+    """apex's finer options, against what native autocast does: the ones autocast already
+    honours pass silently; the ones it cannot honour warn, naming the argument."""
+    unmet = []
+    if patch_torch_functions is False:
+        unmet.append(
+            "patch_torch_functions=False (autocast always casts torch functions, as apex O1)"
+        )
+    if keep_batchnorm_fp32 in (False, "False", "false"):
+        unmet.append("keep_batchnorm_fp32=False (autocast always runs batch norm in fp32)")
+    if num_losses is not None and num_losses > 1:
+        unmet.append(
+            f"num_losses={num_losses} (one GradScaler scales every loss; apex kept one loss "
+            "scale per loss)"
+        )
+    if verbosity is not None and verbosity > 1:
+        unmet.append(f"verbosity={verbosity} (no apex log to make more verbose)")
+    del master_weights  # True is what native AMP does (fp32 weights); False is refused
+    if unmet:
+        warnings.warn(
+            "configure_apex_amp: native AMP cannot honour " + "; ".join(unmet),
+            UserWarning,
+            stacklevel=3,
+        )

@@ -274,11 +274,16 @@ class PyTorchTrialContext(TrainerAPIMixin):
             self.distributed,
             self.models,
             backward_passes_per_step * self._settings.aggregation_frequency,
-            fp16_compression,
+            fp16_compression or self._gradient_compression(),
         )
         self._backward_passes[id(optimizer)] = backward_passes_per_step
         self.optimizers.append(optimizer)
         return optimizer
+
+    def _gradient_compression(self) -> bool:
+        """``optimizations.gradient_compression``: fp16 compression of Horovod's allreduce."""
+        optimizations = (self._settings.exp_conf or {}).get("optimizations") or {}
+        return bool(optimizations.get("gradient_compression", False))
 
     def wrap_lr_scheduler(
         self,
@@ -336,6 +341,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
                     f"configure_apex_amp({arg}=...) is not supported without apex; drop it, "
                     "or cast explicitly and use context.wrap_scaler()"
                 )
+        _amp.check_apex_options(
+            patch_torch_functions, keep_batchnorm_fp32, master_weights, num_losses, verbosity
+        )
         model_list = models if isinstance(models, list) else [models]
         opt_list = optimizers if isinstance(optimizers, list) else [optimizers]
         for m in model_list:

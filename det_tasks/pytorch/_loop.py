@@ -470,9 +470,14 @@ def load_state(
     optimizers = state.get("optimizers_state_dict")
     if optimizers is None and "optimizer_state_dict" in state:
         optimizers = [state["optimizer_state_dict"]]
-    for opt, sd in zip(context.optimizers, optimizers or []):
+    for opt, sd in zip(context.optimizers, _matching("optimizer", optimizers, context.optimizers)):
         opt.load_state_dict(sd)
-    for sched, sd in zip(context.lr_schedulers, state.get("lr_schedulers_state_dict") or []):
+    schedulers = state.get("lr_schedulers_state_dict")
+    if schedulers is None and "lr_scheduler" in state:  # Determined's pre-0.13 single key
+        schedulers = [state["lr_scheduler"]]
+    for sched, sd in zip(
+        context.lr_schedulers, _matching("LR scheduler", schedulers, context.lr_schedulers)
+    ):
         sched.load_state_dict(sd)
     if context._scaler is not None and "scaler_state_dict" in state:
         context._scaler.load_state_dict(state["scaler_state_dict"])
@@ -484,6 +489,20 @@ def load_state(
             cb.load_state_dict(saved[name])
         elif _overridden(cb, "load_state_dict"):
             log.warning("callback %r has no saved state in the checkpoint; starting fresh", name)
+
+
+def _matching(kind: str, saved: list[Any] | None, wrapped: list[Any]) -> list[Any]:
+    """The saved state dicts, refusing a count that differs from what the trial wrapped
+    (zipping would silently drop the extras or leave some fresh)."""
+    if saved is None:
+        return []
+    if len(saved) != len(wrapped):
+        raise CheckpointError(
+            f"the checkpoint holds {len(saved)} {kind} state dicts but the trial wrapped "
+            f"{len(wrapped)} {kind}s; resume with the trial code and hyperparameters that "
+            "wrote it, or start from scratch"
+        )
+    return list(saved)
 
 
 def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
@@ -501,9 +520,7 @@ def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
 
 
 def _legacy_trial_state(path: Path) -> dict[str, Any]:
-    meta = path / ckpt.METADATA_FILE
-    steps = ckpt.read_json(meta).get("steps_completed", 0) if meta.exists() else 0
-    return {"batches_trained": int(steps)}
+    return ckpt.determined_progress(path)
 
 
 def _overridden(cb: PyTorchCallback, name: str) -> bool:

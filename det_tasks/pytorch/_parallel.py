@@ -7,6 +7,7 @@ no wrapper cost.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +41,15 @@ def wrap_optimizer(
     backward_passes_per_step: int,
     fp16_compression: bool,
 ) -> torch.optim.Optimizer:
+    if dist.size > 1 and dist.backend != "horovod" and fp16_compression:
+        warnings.warn(
+            "optimizations.gradient_compression / wrap_optimizer(fp16_compression=True) "
+            "compresses Horovod's allreduce; under torch.distributed DDP it has no effect "
+            "(use resources.distributed_backend: horovod, or register DDP's "
+            "fp16_compress_hook on the model yourself)",
+            UserWarning,
+            stacklevel=3,
+        )
     if dist.size == 1 or dist.backend != "horovod":
         return optimizer
     import horovod.torch as hvd

@@ -19,6 +19,7 @@ import torch
 
 from det_tasks import launch
 from det_tasks.config.experiment import ExperimentConfig, Length
+from det_tasks.config.horovod import horovod_tuning_env
 from det_tasks.config.hyperparameters import sample_hparams
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
@@ -108,7 +109,7 @@ def init(
     )
     return PyTorchTrialContext(
         settings,
-        distributed or _detect_distributed(),
+        distributed or _detect_distributed(optimizations),
         metrics_sink=metrics_sink or InMemoryMetricsSink(),
         checkpoint_store=checkpoint_store,
     )
@@ -133,9 +134,11 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _detect_distributed() -> DistributedContext:
+def _detect_distributed(optimizations: dict[str, Any]) -> DistributedContext:
     """torchrun and horovodrun describe the worker group in the environment."""
     if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
+        for name, value in horovod_tuning_env(optimizations).items():
+            os.environ.setdefault(name, value)  # read by hvd.init(); the user's env wins
         try:
             import horovod.torch as hvd
         except ImportError:

@@ -1,0 +1,68 @@
+"""Determined config fields that describe its own cluster scheduler or search variants this
+project does not have: accepted (so Determined YAML runs unchanged) but each one warns,
+naming the field, what happens instead and what to use; none is silently ignored."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+__all__ = ["UnhonouredFieldWarning", "warn_unhonoured"]
+
+
+class UnhonouredFieldWarning(UserWarning):
+    """A config field is accepted for compatibility but does not act as in Determined."""
+
+
+_SEARCHER = {
+    "stop_once": (
+        "det-tasks runs ASHA's promote-later variant: a trial that stopped at a rung may be "
+        "promoted when later trials finish it (Determined's stop_once: false); stop_once: true "
+        "is not implemented"
+    ),
+    "bracket_rungs": (
+        "det-tasks runs one ASHA bracket whose rung count comes from max_rungs and divisor; "
+        "set max_rungs instead"
+    ),
+}
+_RESOURCES = {
+    "max_slots": (
+        "Determined's cluster-wide slot cap has no equivalent: limit concurrency with "
+        "searcher.max_concurrent_trials or a Prefect work-pool concurrency limit"
+    ),
+    "priority": (
+        "Determined's scheduler priority has no equivalent: use a separate Prefect work pool "
+        "(or its concurrency limits) for urgent work"
+    ),
+    "shm_size": (
+        "container shared memory is set by the work pool's job template (Docker "
+        "`shm_size` / Kubernetes emptyDir medium: Memory), not by the experiment config"
+    ),
+}
+
+
+def warn_unhonoured(raw: dict[str, Any], source: str) -> None:
+    """Warn once per unhonoured field the raw config sets (to a non-default value)."""
+    searcher = _section(raw, "searcher")
+    resources = _section(raw, "resources")
+    for field, why in _SEARCHER.items():
+        value = searcher.get(field)
+        if value not in (None, False, []):
+            _warn(source, f"searcher.{field}", value, why)
+    for field, why in _RESOURCES.items():
+        value = resources.get(field)
+        if value is not None:
+            _warn(source, f"resources.{field}", value, why)
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    value = raw.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _warn(source: str, path: str, value: Any, why: str) -> None:
+    warnings.warn(
+        f"{source}: `{path}` = {value!r} is accepted but not honoured: {why}",
+        UnhonouredFieldWarning,
+        stacklevel=4,
+    )

@@ -18,7 +18,16 @@ from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.hyperparameters import grid_values, sample_hparams
 from det_tasks.errors import ConfigError
 
-__all__ = ["Searcher", "Work", "make_searcher"]
+__all__ = [
+    "MAX_INVALID_FACTOR",
+    "AshaSearcher",
+    "RandomSearcher",
+    "Searcher",
+    "Work",
+    "make_searcher",
+]
+
+MAX_INVALID_FACTOR = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +40,13 @@ class Work:
 
 
 class Searcher:
-    """single / grid / random: every trial trains to max_length once."""
+    """single / grid: every trial trains to max_length once."""
 
     def __init__(self, trials: list[dict[str, Any]], max_batches: int | None) -> None:
         self.trials = trials
         self.max_batches = max_batches
         self.results: dict[int, dict[int, float]] = {}
+        self.invalid: set[int] = set()
 
     def start(self) -> list[Work]:
         return [Work(i + 1, hp, self.max_batches) for i, hp in enumerate(self.trials)]
@@ -45,13 +55,22 @@ class Searcher:
         self.results.setdefault(trial_id, {})[batches] = metric
         return []
 
+    def report_invalid(self, trial_id: int) -> list[Work]:
+        """The trial raised ``det.InvalidHP``: drop it (its results no longer count).
+        single and grid propose nothing instead, as in Determined."""
+        self.invalid.add(trial_id)
+        self.results.pop(trial_id, None)
+        return []
+
     def finished(self) -> set[int]:
-        """Trials with a result at their final length (skipped when an experiment resumes)."""
-        return set(self.results)
+        """Trials with a result at their final length, or dropped as invalid (skipped when
+        an experiment resumes)."""
+        return set(self.results) | self.invalid
 
     def state(self) -> dict[str, Any]:
         return {
-            "results": {str(t): {str(b): m for b, m in r.items()} for t, r in self.results.items()}
+            "results": {str(t): {str(b): m for b, m in r.items()} for t, r in self.results.items()},
+            "invalid": sorted(self.invalid),
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -59,6 +78,35 @@ class Searcher:
             int(t): {int(b): float(m) for b, m in r.items()}
             for t, r in state.get("results", {}).items()
         }
+        self.invalid = {int(t) for t in state.get("invalid", [])}
+
+
+class RandomSearcher(Searcher):
+    """random: max_trials sampled trials, each to max_length; a trial dropped for invalid
+    hyperparameters is replaced by a fresh sample (Determined's random searcher does the
+    same), up to MAX_INVALID_FACTOR * max_trials replacements."""
+
+    def __init__(self, space: dict[str, Any], seed: int, max_trials: int, max_batches: int | None):
+        self.rng = random.Random(seed)
+        self.space = space
+        super().__init__([sample_hparams(space, self.rng) for _ in range(max_trials)], max_batches)
+        self.replacement_budget = MAX_INVALID_FACTOR * max_trials
+
+    def report_invalid(self, trial_id: int) -> list[Work]:
+        super().report_invalid(trial_id)
+        if len(self.invalid) > self.replacement_budget:
+            return []
+        self.trials.append(sample_hparams(self.space, self.rng))
+        return [Work(len(self.trials), self.trials[-1], self.max_batches)]
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "trials": self.trials, "rng": self.rng.getstate()[1]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        if "trials" in state:
+            self.trials = list(state["trials"])
+            self.rng.setstate((3, tuple(state["rng"]), None))
 
 
 class AshaSearcher(Searcher):
@@ -95,7 +143,9 @@ class AshaSearcher(Searcher):
         super().__init__([], max_batches)
 
     def _new_trial(self) -> Work | None:
-        if len(self.created) >= self.max_trials:
+        if len(self.created) - len(self.invalid) >= self.max_trials:
+            return None
+        if len(self.invalid) > MAX_INVALID_FACTOR * self.max_trials:
             return None
         trial_id = len(self.created) + 1
         self.created[trial_id] = sample_hparams(self.space, self.rng)
@@ -119,6 +169,14 @@ class AshaSearcher(Searcher):
             self.promoted[rung].add(candidate)
             out.append(Work(candidate, self.created[candidate], self.budgets[rung + 1]))
         return out
+
+    def report_invalid(self, trial_id: int) -> list[Work]:
+        """Drop the trial from every rung and start a replacement trial at rung 0."""
+        super().report_invalid(trial_id)
+        for rung in self.rung_results:
+            rung.pop(trial_id, None)
+        replacement = self._new_trial()
+        return [replacement] if replacement else []
 
     def state(self) -> dict[str, Any]:
         base = super().state()
@@ -184,9 +242,8 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
             trials = trials[: s.max_trials]
         return Searcher(trials, max_batches)
     if s.name == "random":
-        rng = random.Random(seed)
         assert s.max_trials is not None
-        return Searcher([sample_hparams(space, rng) for _ in range(s.max_trials)], max_batches)
+        return RandomSearcher(space, seed, s.max_trials, max_batches)
     if s.name == "adaptive_asha":
         assert s.max_trials is not None
         length = config.max_length

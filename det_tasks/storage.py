@@ -24,11 +24,14 @@ __all__ = ["CheckpointStore", "LocalDirectoryStore"]
 @runtime_checkable
 class CheckpointStore(Protocol):
     def stage(self) -> Path:
-        """A fresh, empty local directory to write a checkpoint into."""
+        """A fresh, empty local directory, named by the new checkpoint's uuid, to write it
+        into. Callbacks see this path (``on_checkpoint_write_end``), so it stays a readable
+        copy of the checkpoint after publish, as Determined's shared_fs directory does."""
 
     def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
-        """Seal the staged directory (metadata.json with checksums, see ``seal``) and make it
-        a checkpoint; returns its uuid. May finish in the background. Consumes ``staged``."""
+        """Seal the staged directory (metadata.json with checksums, see ``seal``, written
+        last as the commit marker) and make it a checkpoint; returns its uuid (the staged
+        directory's name). May finish in the background."""
 
     def discard(self, staged: Path) -> None:
         """Drop a staged directory after a failed write."""
@@ -55,23 +58,23 @@ class LocalDirectoryStore:
         self._published: list[str] = []
 
     def stage(self) -> Path:
-        staging = self.root / ".staging"
+        """``<root>/<uuid>``, written in place as Determined's shared_fs does; until publish
+        seals it with metadata.json it is not listed as a checkpoint of the trial."""
         try:
-            staging.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise CheckpointError(
-                f"cannot create checkpoint directory {staging}: {err.strerror}; "
+                f"cannot create checkpoint directory {self.root}: {err.strerror}; "
                 "set checkpoint_storage to a writable path"
             ) from None
-        path = staging / uuid_lib.uuid4().hex
+        path = self.root / str(uuid_lib.uuid4())
         path.mkdir()
         return path
 
     def publish(self, staged: Path, metadata: dict[str, Any]) -> str:
-        uuid = str(uuid_lib.uuid4())
+        uuid = staged.name
         seal(staged, metadata)
         _fsync_tree(staged)
-        os.rename(staged, self.root / uuid)
         _fsync_dir(self.root)
         self._published.append(uuid)
         return uuid

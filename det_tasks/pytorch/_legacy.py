@@ -30,10 +30,11 @@ MIGRATION = (
 
 
 def reset_parameters(model: torch.nn.Module) -> None:
-    """Re-initialise every submodule that knows how (``determined.pytorch.reset_parameters``)."""
+    """Re-initialise every module that knows how, the root included, as
+    ``determined.pytorch.reset_parameters`` does."""
     for module in model.modules():
         reset = getattr(module, "reset_parameters", None)
-        if module is not model and callable(reset):
+        if callable(reset):
             reset()
 
 

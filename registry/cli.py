@@ -51,6 +51,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from registry import models as models_lib
     from registry.checkpoints import checkpoint_records
 
+    if args.experiment == "import":
+        return cmd_import(args)
+    if args.sources:
+        raise DetTasksError(
+            f"`checkpoints {args.experiment}` lists one experiment; to adopt Determined "
+            "checkpoints use `checkpoints import DIR|s3://... --experiment NAME`"
+        )
     client = _client()
     parent = models_lib._parent_run(client, args.experiment)
     metric = parent.data.tags.get("det.searcher.metric", "")
@@ -60,6 +67,26 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             value = (record.get("validation_metrics") or {}).get(metric)
             rows.append([run.info.run_name, record["steps_completed"], value, record["uri"]])
     _table(rows, ["trial", "batches", metric or "metric", "uri"])
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from registry import s3 as s3_lib
+    from registry.importer import import_checkpoints
+    from registry.settings import RegistrySettings
+
+    client = _client()
+    imported = import_checkpoints(
+        client,
+        s3_lib.client(),
+        list(args.sources),
+        args.into,
+        artifacts_destination=RegistrySettings.from_env().artifacts_destination,
+    )
+    _table(
+        [[i.source, i.trial_id, i.steps_completed, i.trial_cls_spec, i.uri] for i in imported],
+        ["source", "trial", "batches", "trial class", "uri"],
+    )
     return 0
 
 
@@ -131,8 +158,20 @@ def register(sub: Any) -> None:
     """Add the registry's subcommands to ``det-tasks``."""
     p = sub.add_parser("experiments", help="list MLflow experiments and their trial counts")
     p.set_defaults(func=cmd_experiments)
-    p = sub.add_parser("checkpoints", help="list an experiment's checkpoints with their metric")
-    p.add_argument("experiment")
+    p = sub.add_parser(
+        "checkpoints",
+        help="list an experiment's checkpoints with their metric (`checkpoints EXPERIMENT`), "
+        "or adopt reviewed Determined checkpoints (`checkpoints import DIR|s3://... "
+        "--experiment NAME`)",
+    )
+    p.add_argument("experiment", help="an experiment to list, or `import`")
+    p.add_argument("sources", nargs="*", help="with import: checkpoint directories or s3://")
+    p.add_argument(
+        "--experiment",
+        dest="into",
+        default="determined-import",
+        help="with import: the MLflow experiment to register them under",
+    )
     p.set_defaults(func=cmd_checkpoints)
     p = sub.add_parser("download", help="download a checkpoint (s3://, runs:/, models:/) to DEST")
     p.add_argument("uri")

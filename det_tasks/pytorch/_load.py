@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoint_spec import read_load_data, trial_class_spec
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._context import (
     PyTorchExperimentalContext,
@@ -24,7 +25,6 @@ from det_tasks.pytorch._context import (
     TrialSettings,
 )
 from det_tasks.pytorch._legacy import adapt_trial
-from det_tasks.pytorch._load_spec import read_load_data, trial_class_spec
 from det_tasks.trust import is_signed_here, trusted_schemes
 from det_tasks.uris import open_checkpoint_uri, scheme_of
 

@@ -31,6 +31,7 @@ from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
 from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._metrics import TrainingMetricsBuffer, check_metrics
 from det_tasks.pytorch._profiler import PhaseTimer, ProfilerSettings
+from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
 from det_tasks.sinks import MetricsSink
@@ -86,6 +87,7 @@ class TrialController:
         self.latest_validation: dict[str, Any] | None = None
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
+        self._events = metric_event_writer(context) if self.dist.is_chief else None
         if not context.models:
             raise TrialError(
                 f"{type(trial).__name__}.__init__ wrapped no model: wrap every model with "
@@ -266,6 +268,8 @@ class TrialController:
             cb.on_training_workload_end(avg, batch_metrics)
         if self.dist.is_chief:
             self.sink.report_training(self.batches_trained, avg)
+            if self._events is not None:
+                self._events.training(self.batches_trained, avg, batch_metrics)
             progress = getattr(self.sink, "report_progress", None)
             if progress is not None:
                 progress(self.batches_trained, self.batches_trained / self.epoch_len)
@@ -284,6 +288,8 @@ class TrialController:
         self.latest_validation = metrics
         if self.dist.is_chief:
             self.sink.report_validation(self.batches_trained, metrics)
+            if self._events is not None:
+                self._events.validation(self.batches_trained, metrics)
         already_saved = self.last_checkpoint_batch == self.batches_trained
         if not already_saved and self._should_checkpoint_after_validation(metrics):
             self._checkpoint()

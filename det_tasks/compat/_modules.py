@@ -6,7 +6,7 @@ import types
 from typing import Any
 
 from det_tasks import launch, pytorch
-from det_tasks.compat import _module
+from det_tasks.compat import _module, _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.pytorch import samplers
 from det_tasks.pytorch._units import Batch, Epoch
@@ -61,22 +61,33 @@ def build() -> dict[str, types.ModuleType]:
     )
     writers = _module("determined.tensorboard.metric_writers", "", pytorch=writers_pytorch)
     tensorboard = _module("determined.tensorboard", "", metric_writers=writers)
+    errors = _names.errors_module(_module)
     det = _module(
         "determined",
         "det_tasks' implementation of the determined package API",
         pytorch=det_pytorch,
         core=core,
         tensorboard=tensorboard,
+        errors=errors,
         TrialContext=pytorch.PyTorchTrialContext,
+        LegacyTrial=pytorch.PyTorchTrial,
+        Trial=pytorch.PyTorchTrial,
         InvalidHP=InvalidHP,
         get_cluster_info=launch.get_cluster_info,
         ClusterInfo=launch.ClusterInfo,
+        TrialInfo=launch.TrialInfo,
+        LOG_FORMAT=_names.LOG_FORMAT,
         Batches=Batch,
         Epochs=Epoch,
         __version__="0.38.1+det_tasks",
+        **{name: _names.unsupported(name) for name in _names.UNSUPPORTED},
     )
+    for module in (det, det_pytorch):
+        served = [n for n in vars(module) if not n.startswith("_")]
+        module.__dict__["__getattr__"] = _names.missing_attribute(module.__name__, served)
     return {
         "determined": det,
+        "determined.errors": errors,
         "determined.pytorch": det_pytorch,
         "determined.pytorch.samplers": det_pytorch.samplers,  # type: ignore[attr-defined]
         "determined.core": core,

@@ -135,7 +135,7 @@ class OptimizationsConfig(_Strict):
     tensor_fusion_cycle_time: int | None = None
     auto_tune_tensor_fusion: bool | None = None
     # det_tasks extension: what a NaN/inf training loss does (see pytorch/_nonfinite.py).
-    nonfinite_loss: Literal["error", "skip"] = "error"
+    nonfinite_loss: Literal["warn", "error", "skip"] = "warn"
 
 
 class ResourcesConfig(_Strict):

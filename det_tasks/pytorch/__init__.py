@@ -7,7 +7,13 @@ aliases ``determined.pytorch`` to this module).
 from det_tasks.pytorch import samplers
 from det_tasks.pytorch._callback import PyTorchCallback
 from det_tasks.pytorch._context import PyTorchExperimentalContext, PyTorchTrialContext
-from det_tasks.pytorch._data import DataLoader, TorchData, data_length, to_device
+from det_tasks.pytorch._data import (
+    DataLoader,
+    TorchData,
+    adapt_batch_sampler,
+    data_length,
+    to_device,
+)
 from det_tasks.pytorch._legacy import reset_parameters
 from det_tasks.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
 from det_tasks.pytorch._lr_scheduler import LRScheduler
@@ -32,6 +38,7 @@ __all__ = [
     "TorchData",
     "TrainUnit",
     "Trainer",
+    "adapt_batch_sampler",
     "data_length",
     "init",
     "load_trial_from_checkpoint_path",

@@ -2,6 +2,8 @@
 
 apex cannot be installed with current torch, so ``configure_apex_amp`` maps O1/O2 onto
 native autocast + GradScaler with a warning, and refuses O3 (pure fp16) with the fix.
+Automatic AMP is CUDA-only, as in Determined: on CPU the context trains in fp32 and the
+GradScaler is disabled (a pass-through).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def make_grad_scaler(
     max_loss_scale: float | None = 2.0**24,
 ) -> torch.amp.GradScaler:
     """A GradScaler for ``device``; a numeric ``loss_scale`` gives a static scale."""
+    if device.type != "cuda":
+        return torch.amp.GradScaler(device.type, enabled=False)
     if loss_scale is None or loss_scale == "dynamic":
         return torch.amp.GradScaler(device.type)
     try:

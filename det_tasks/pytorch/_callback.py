@@ -6,10 +6,17 @@ training every rank runs them, except the chief-only ones noted below.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PyTorchCallback"]
+from det_tasks.errors import TrialError
+
+__all__ = ["PyTorchCallback", "adapt_legacy_signatures"]
+
+log = logging.getLogger(__name__)
 
 
 class PyTorchCallback:
@@ -76,3 +83,67 @@ class PyTorchCallback:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what state_dict() returned."""
+
+
+# How many positional arguments the harness passes to each hook.
+_HOOK_ARITY = {
+    "on_trial_startup": 2,
+    "on_training_epoch_start": 1,
+    "on_training_epoch_end": 1,
+    "on_training_workload_end": 2,
+    "on_validation_epoch_end": 1,
+    "on_validation_end": 1,
+    "on_validation_step_end": 1,
+    "on_checkpoint_load_start": 1,
+    "on_checkpoint_save_start": 1,
+    "on_checkpoint_end": 1,
+    "on_checkpoint_write_end": 1,
+    "on_checkpoint_upload_end": 1,
+    "on_before_optimizer_step": 1,
+}
+
+
+def adapt_legacy_signatures(callbacks: dict[str, PyTorchCallback]) -> None:
+    """Let hooks written for older Determined take fewer arguments, as Determined does.
+
+    ``on_training_epoch_start(self)`` (before 0.17.8 it had no ``epoch_idx``) and the like
+    are called with the leading arguments they accept; a hook that needs more arguments
+    than the harness passes is an error naming it.
+    """
+    for name, cb in callbacks.items():
+        for hook, arity in _HOOK_ARITY.items():
+            if getattr(type(cb), hook) is getattr(PyTorchCallback, hook):
+                continue
+            accepted = _positional_count(getattr(cb, hook), f"callback {name!r}: {hook}", arity)
+            if accepted < arity:
+                log.warning(
+                    "callback %r: %s takes %d of its %d arguments (an older Determined "
+                    "signature); it is called with the first %d. Add the missing parameters",
+                    name, hook, accepted, arity, accepted,
+                )  # fmt: skip
+                setattr(cb, hook, _truncating(getattr(cb, hook), accepted))
+
+
+def _positional_count(method: Any, where: str, arity: int) -> int:
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return arity
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return arity
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) > arity:
+        raise TrialError(
+            f"{where} requires {len(required)} arguments but the harness passes {arity}: "
+            f"({', '.join(p.name for p in required)}); see PyTorchCallback for its signature"
+        )
+    return min(len(positional), arity)
+
+
+def _truncating(method: Any, accepted: int) -> Any:
+    @functools.wraps(method)
+    def call(*args: Any) -> Any:
+        return method(*args[:accepted])
+
+    return call

@@ -50,7 +50,7 @@ class TrialSettings:
     tensorboard_path: Path | None = None
     enable_tensorboard_logging: bool = True
     managed_training: bool = True
-    nonfinite_loss: str = "error"
+    nonfinite_loss: str = "warn"
 
 
 class PyTorchExperimentalContext:
@@ -68,7 +68,7 @@ class PyTorchExperimentalContext:
         parent = self._parent
         parent.wrap_scaler(_amp.make_grad_scaler(parent.device))
         self._auto_amp = True
-        parent.models[:] = [_amp.autocast_module(m, parent.device) for m in parent.models]
+        parent.models[:] = [parent._autocast(m) for m in parent.models]
 
     def disable_auto_to_device(self) -> None:
         """Batches reach train_batch/evaluate_batch as the loader made them (on CPU)."""
@@ -155,6 +155,8 @@ class PyTorchTrialContext(TrainerAPIMixin):
         self._metrics_sink = metrics_sink
         self._checkpoint_store = checkpoint_store
         self._tensorboard_writer: Any = None
+        self._initial_batch = 0
+        self._cpu_amp_noted = False
         self._nonfinite = NonFiniteGuard(
             settings.nonfinite_loss, self.device, self.distributed.size
         )
@@ -210,6 +212,12 @@ class PyTorchTrialContext(TrainerAPIMixin):
     def get_stop_requested(self) -> bool:
         return self._stop_requested
 
+    def get_initial_batch(self) -> int:
+        """The batch training starts from: 0, or the batches trained by the checkpoint that
+        ``fit()`` resumes from (known once fit() has restored it, as Determined's local mode
+        knows it only from the checkpoint)."""
+        return self._initial_batch
+
     def set_stop_requested(self, stop_requested: bool) -> None:
         """Ask the loop to checkpoint and stop after the current batch."""
         if not isinstance(stop_requested, bool):
@@ -234,6 +242,23 @@ class PyTorchTrialContext(TrainerAPIMixin):
             raise RuntimeError("epoch position is only known while the Trainer is training")
         return self._epoch_len
 
+    # ---- custom metric reducers (Determined's context inherits its reducer context) ------
+    def wrap_reducer(
+        self,
+        reducer: Callable[[list[Any]], Any] | MetricReducer,
+        name: str | None = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> MetricReducer:
+        """Register a reducer whose result joins the training and/or validation metrics."""
+        return self.experimental.wrap_reducer(reducer, name, for_training, for_validation)
+
+    def reset_reducers(self) -> None:
+        self.experimental.reset_reducers()
+
+    def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
+        return self.experimental.reduce_metrics(for_training)
+
     # ---- wrapping ---------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to this trial's device (and wrap it for data parallelism)."""
@@ -241,7 +266,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
             raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__name__}")
         model = model.to(self.device)
         if self.experimental._auto_amp:
-            model = _amp.autocast_module(model, self.device)
+            model = self._autocast(model)
         model = _parallel.wrap_model(model, self.distributed, self.device)
         self.models.append(model)
         return model
@@ -310,7 +335,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
 
     def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
         """Run the module's forward under torch.autocast for this trial's device."""
-        return _amp.autocast_module(to_wrap, self.device)
+        return self._autocast(to_wrap)
 
     def configure_apex_amp(
         self,
@@ -360,8 +385,22 @@ class PyTorchTrialContext(TrainerAPIMixin):
             )
             self.experimental._auto_amp = True
             for m in model_list:
-                _amp.autocast_module(m, self.device)
+                self._autocast(m)
         return models, optimizers
+
+    def _autocast(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Autocast on CUDA; elsewhere fp32, as Determined (its AMP is CUDA-only), noted once."""
+        if self.device.type == "cuda":
+            return _amp.autocast_module(module, self.device)
+        if not self._cpu_amp_noted:
+            self._cpu_amp_noted = True
+            log.warning(
+                "automatic mixed precision is off on %s: training runs in fp32, as "
+                "Determined does (its AMP is CUDA-only). Autocast yourself with "
+                "torch.autocast('cpu', dtype=torch.bfloat16) for bf16 on CPU",
+                self.device,
+            )
+        return module
 
     # ---- the training step ------------------------------------------------------------
     def backward(
@@ -455,6 +494,15 @@ class PyTorchTrialContext(TrainerAPIMixin):
 
     def get_enable_tensorboard_logging(self) -> bool:
         return self._settings.enable_tensorboard_logging
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise TypeError(
+                f"set_enable_tensorboard_logging takes a bool, got {enable_tensorboard_logging!r}"
+            )
+        self._settings = dataclasses.replace(
+            self._settings, enable_tensorboard_logging=enable_tensorboard_logging
+        )
 
     def get_tensorboard_path(self) -> Path:
         path = self._settings.tensorboard_path or Path("runs") / str(self._settings.trial_id)

@@ -17,7 +17,7 @@ import torch.utils.data
 
 from det_tasks.pytorch import samplers
 
-__all__ = ["DataLoader", "TorchData", "data_length", "to_device"]
+__all__ = ["DataLoader", "TorchData", "adapt_batch_sampler", "data_length", "to_device"]
 
 TorchData = dict[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 
@@ -51,6 +51,20 @@ def data_length(data: Any) -> int:
         f"cannot tell the batch length of a {type(data).__name__}; override "
         "PyTorchTrial.get_batch_length(batch) to return it"
     )
+
+
+def adapt_batch_sampler(
+    batch_sampler: Any, repeat: bool = False, skip: int = 0, num_replicas: int = 1, rank: int = 0
+) -> Any:
+    """Determined's helper for custom loaders: repeat, shard, then skip ``skip`` batches of
+    this rank's stream (the order Determined applies them in)."""
+    if repeat:
+        batch_sampler = samplers.RepeatBatchSampler(batch_sampler)
+    if num_replicas > 1:
+        batch_sampler = samplers.DistributedBatchSampler(batch_sampler, num_replicas, rank)
+    if skip > 0:
+        batch_sampler = samplers.SkipBatchSampler(batch_sampler, skip)
+    return batch_sampler
 
 
 class DataLoader:

@@ -24,12 +24,13 @@ from det_tasks import __version__
 from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError, TrialError
 from det_tasks.pytorch import _parallel
-from det_tasks.pytorch._callback import PyTorchCallback
+from det_tasks.pytorch._callback import PyTorchCallback, adapt_legacy_signatures
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
 from det_tasks.pytorch._lr_scheduler import LRScheduler
-from det_tasks.pytorch._metrics import TrainingMetricsBuffer, check_metrics
+from det_tasks.pytorch._metrics import TrainingMetricsBuffer, average_across_ranks, check_metrics
+from det_tasks.pytorch._nonfinite import METRIC as NONFINITE_METRIC
 from det_tasks.pytorch._profiler import PhaseTimer, ProfilerSettings
 from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
@@ -130,6 +131,8 @@ class TrialController:
     def _train_batch(self) -> None:
         ctx, idx = self.context, self.batches_trained
         ctx._current_batch_idx = idx
+        if not len(self._buffer):  # a training window starts: fresh reducers, as Determined
+            ctx.experimental.reset_reducers()
         epoch_idx = idx // self.epoch_len
         with self._timer.phase(idx, "dataloader_next"):
             batch = next(self._train_iter)
@@ -249,16 +252,18 @@ class TrialController:
 
     # ---- reporting and validation ---------------------------------------------------------
     def _report_training(self) -> None:
-        self.context._nonfinite.check()  # before any metric or checkpoint of bad weights
+        nonfinite = self.context._nonfinite.check()  # before any metric or checkpoint
         if not len(self._buffer):
             return
         avg, batch_metrics = self._buffer.flush()
         ctx = self.context
         if self.dist.size > 1 and ctx._settings.average_training_metrics:
-            everyone = self.dist.allgather(avg)
-            avg = {k: sum(m[k] for m in everyone) / len(everyone) for k in avg}
+            avg = average_across_ranks(self.dist.allgather(avg))
+        if self.dist.size > 1 and ctx._nonfinite.policy == "warn":
+            nonfinite = sum(self.dist.allgather(nonfinite))
+        if nonfinite:
+            avg[NONFINITE_METRIC] = nonfinite
         avg.update(ctx.experimental.reduce_metrics(for_training=True))
-        ctx.experimental.reset_reducers()
         for name, value in avg.items():
             if isinstance(value, float) and not math.isfinite(value):
                 log.warning(
@@ -412,6 +417,7 @@ class TrialController:
             trial_state = state.get(_TRIAL_STATE) or _legacy_trial_state(path)
         load_state(self.context, self.callbacks, state)
         self.batches_trained = int(trial_state["batches_trained"])
+        self.context._initial_batch = self.batches_trained
         self.best_metric = trial_state.get("best_metric")
         self.last_validation_batch = trial_state.get("last_validation_batch")
         self.last_checkpoint_batch = self.batches_trained
@@ -541,6 +547,7 @@ def _check_callbacks(callbacks: Any) -> dict[str, PyTorchCallback]:
             "build_callbacks() must return a dict of names to PyTorchCallback instances, "
             f"got {callbacks!r}"
         )
+    adapt_legacy_signatures(callbacks)
     return callbacks
 
 

@@ -15,7 +15,14 @@ import torch
 from det_tasks.errors import TrialError
 from det_tasks.pytorch._reducer import to_python
 
-__all__ = ["TrainingMetricsBuffer", "check_metrics", "detach_metrics", "materialize"]
+__all__ = [
+    "TrainingMetricsBuffer",
+    "average_across_ranks",
+    "average_metric",
+    "check_metrics",
+    "detach_metrics",
+    "materialize",
+]
 
 
 def check_metrics(metrics: Any, method: str) -> dict[str, Any]:
@@ -69,18 +76,37 @@ class TrainingMetricsBuffer:
         self._batches.append(detach_metrics(metrics))
         self.num_inputs += num_inputs
 
-    def flush(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        """(mean of each numeric metric over the window, per-batch metrics); then empty."""
+    def flush(self) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
+        """(Determined's average of each metric over the window, per-batch metrics); then
+        empty. A metric that cannot be averaged keeps its key with the value None."""
         batch_metrics = materialize(self._batches)
         self._batches = []
         self.num_inputs = 0
         keys: list[str] = []
         for m in batch_metrics:
             keys.extend(k for k in m if k not in keys)
-        avg: dict[str, float] = {}
-        for key in keys:
-            values = [m[key] for m in batch_metrics if key in m]
-            numeric = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-            if len(numeric) == len(values):
-                avg[key] = float(np.mean(numeric))
+        avg = {key: average_metric([m.get(key) for m in batch_metrics]) for key in keys}
         return avg, batch_metrics
+
+
+def average_metric(values: list[Any]) -> float | None:
+    """Determined's training-metric average: the mean of every element of every batch's
+    value (scalars, bools, and same-shaped tensors or arrays alike), Nones left out; None
+    when the values cannot be averaged (strings, ragged shapes)."""
+    try:
+        array = np.array(values)
+        kept = array[array != None]  # noqa: E711 - elementwise, as Determined filters
+        if kept.size == 0:
+            return None
+        return float(np.mean(kept.astype(np.float64)))
+    except (TypeError, ValueError):
+        return None
+
+
+def average_across_ranks(everyone: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each metric's mean over the ranks that could average it."""
+    out: dict[str, float | None] = {}
+    for key in everyone[0]:
+        values = [m[key] for m in everyone if m.get(key) is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out

@@ -1,11 +1,15 @@
-"""What happens when a training loss is NaN or infinite: never silently train on.
+"""What happens when a training loss is NaN or infinite.
 
 ``optimizations.nonfinite_loss`` (a det_tasks extension of Determined's config):
 
-- ``error`` (default): the trial stops with an error naming the first such batch. On CPU
-  that is the batch itself; on a GPU the check is deferred to the next reporting,
-  validation or checkpoint boundary (a per-step host sync would stall the launch
-  pipeline), still before any checkpoint or metric of the poisoned weights is written.
+- ``warn`` (default, Determined's behaviour): training goes on. The first such batch is
+  named in a warning, and every report counts the window's non-finite batches in the
+  training metric ``nonfinite_loss_batches`` (present only when non-zero). The check is
+  deferred to the reporting boundary, so the training step never waits for the device.
+- ``error``: the trial stops with an error naming the first such batch. On CPU that is the
+  batch itself; on a GPU the check is deferred to the next reporting, validation or
+  checkpoint boundary (a per-step host sync would stall the launch pipeline), still before
+  any checkpoint or metric of the poisoned weights is written.
 - ``skip``: the batch contributes no gradient, and an optimizer step whose every batch
   was skipped does not happen (momentum would otherwise still move the weights). Each
   skip is counted and warned about. Single-process only: ranks would disagree on steps.
@@ -19,9 +23,10 @@ import torch
 
 from det_tasks.errors import ConfigError, TrialError
 
-__all__ = ["POLICIES", "NonFiniteGuard"]
+__all__ = ["METRIC", "POLICIES", "NonFiniteGuard"]
 
-POLICIES = ("error", "skip")
+POLICIES = ("warn", "error", "skip")
+METRIC = "nonfinite_loss_batches"
 log = logging.getLogger(__name__)
 
 
@@ -35,15 +40,17 @@ class NonFiniteGuard:
             raise ConfigError(
                 "optimizations.nonfinite_loss = 'skip' is not supported with "
                 f"{world_size} workers (ranks would disagree on which steps happen); use "
-                "'error', or slots_per_trial: 1"
+                "'warn' or 'error', or slots_per_trial: 1"
             )
         self.policy = policy
-        self._eager = device.type == "cpu"
-        # Deferred (GPU) checks: (batch index, device bool) per batch since the last check;
+        self._eager = device.type == "cpu" and policy == "error"
+        # Deferred checks: (batch index, device bool) per batch since the last check;
         # no host sync and no host-to-device copy on the training step.
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._window_has_grads = False
+        self._warned = False
         self.skipped_batches = 0
+        self.nonfinite_batches = 0
 
     def admit(self, loss: torch.Tensor, batch_idx: int) -> bool:
         """Whether ``loss.backward()`` should run for this batch."""
@@ -73,19 +80,35 @@ class NonFiniteGuard:
         allowed, self._window_has_grads = self._window_has_grads, False
         return allowed
 
-    def check(self) -> None:
-        """Raise for a deferred non-finite loss (called at reporting/checkpoint boundaries)."""
+    def check(self) -> int:
+        """At a reporting/checkpoint boundary: the window's count of non-finite batches
+        (``warn``), or raise for the first one (``error``)."""
         if not self._pending:
-            return
+            return 0
         pending, self._pending = self._pending, []
         finite = torch.stack([flag for _, flag in pending]).cpu()
-        if not bool(finite.all()):
-            raise self._error(pending[int((~finite).nonzero()[0])][0])
+        if bool(finite.all()):
+            return 0
+        first = pending[int((~finite).nonzero()[0])][0]
+        if self.policy == "error":
+            raise self._error(first)
+        count = int((~finite).sum())
+        self.nonfinite_batches += count
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "training loss is NaN or infinite at batch %d; training goes on, as in "
+                "Determined. Non-finite batches are counted in the training metric %r. Set "
+                "optimizations.nonfinite_loss: error to stop, or skip to drop such batches",
+                first, METRIC,
+            )  # fmt: skip
+        return count
 
     @staticmethod
     def _error(batch_idx: int) -> TrialError:
         return TrialError(
             f"training loss is NaN or infinite at batch {batch_idx}: stopping instead of "
-            "training on. Lower the learning rate, clip gradients (step_optimizer("
-            "clip_grads=...)), check the data, or set optimizations.nonfinite_loss: skip"
+            "training on (optimizations.nonfinite_loss: error). Lower the learning rate, clip "
+            "gradients (step_optimizer(clip_grads=...)), check the data, or set "
+            "optimizations.nonfinite_loss: skip"
         )

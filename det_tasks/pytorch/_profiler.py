@@ -1,4 +1,6 @@
-"""Determined's profiler: mean time per phase over a window of batches.
+"""Determined's profiler: mean time per phase over a window of batches, plus the system
+figures Determined's ``fit(profiling_enabled=True)`` collects (CPU utilisation and memory
+over the window, peak GPU memory), reported together when the window closes.
 
 Off by default and then free (one branch per phase). With ``sync_timings`` CUDA work
 is waited for, so GPU time lands in the phase that launched it.
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import torch
 
 __all__ = ["PhaseTimer", "ProfilerSettings"]
@@ -44,6 +47,8 @@ class PhaseTimer:
         self._totals: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._reported = False
+        if self.settings is not None:
+            psutil.cpu_percent(interval=None)  # starts the utilisation window
 
     def _active(self, batch_idx: int) -> bool:
         s = self.settings
@@ -78,5 +83,19 @@ class PhaseTimer:
             return
         self._reported = True
         means = {f"{k}_ms": 1000 * self._totals[k] / self._counts[k] for k in self._totals}
+        means.update(system_metrics(self._device))
         if sink is not None:
             sink.report_profiling(batches_done, means)
+
+
+def system_metrics(device: torch.device) -> dict[str, float]:
+    """CPU utilisation since the window began, memory in use, and peak GPU memory."""
+    memory = psutil.virtual_memory()
+    figures = {
+        "cpu_util_percent": float(psutil.cpu_percent(interval=None)),
+        "memory_used_gb": (memory.total - memory.available) / 2**30,
+        "process_rss_gb": psutil.Process().memory_info().rss / 2**30,
+    }
+    if device.type == "cuda":
+        figures["gpu_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return figures

@@ -105,7 +105,7 @@ def init(
         model_dir=Path(model_dir) if model_dir is not None else None,
         enable_tensorboard_logging=enable_tensorboard_logging,
         tensorboard_path=tensorboard_path,
-        nonfinite_loss=str(optimizations.get("nonfinite_loss", "error")),
+        nonfinite_loss=str(optimizations.get("nonfinite_loss", "warn")),
     )
     return PyTorchTrialContext(
         settings,
@@ -228,8 +228,14 @@ class Trainer:
         latest_checkpoint: str | None = None,
         step_zero_validation: bool = False,
         test_mode: bool = False,
+        profiling_enabled: bool = False,
     ) -> FitResult:
-        """Train to ``max_length``, validating/checkpointing at their periods, then stop."""
+        """Train to ``max_length``, validating/checkpointing at their periods, then stop.
+
+        ``profiling_enabled`` profiles the whole run (phase timings and system figures,
+        reported at the end) unless ``configure_profiler`` or the config's ``profiling``
+        section chose a window.
+        """
         ctx = self._context
         conf = ctx._settings.exp_conf or {}
         searcher = conf.get("searcher") or {}
@@ -244,7 +250,9 @@ class Trainer:
             test_mode=bool(test_mode),
             searcher_metric=searcher.get("metric"),
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            profiling=self._profiling or _profiling_from_config(conf),
+            profiling=self._profiling
+            or _profiling_from_config(conf)
+            or (ProfilerSettings(enabled=True) if profiling_enabled else None),
         )
         if options.checkpoint_policy == "best" and options.searcher_metric is None:
             warnings.warn(

@@ -1,5 +1,7 @@
-"""A NaN/inf training loss never trains on silently: `error` stops naming the batch before
-any checkpoint of the poisoned weights; `skip` drops exactly those optimizer steps."""
+"""A NaN/inf training loss never trains on silently: by default training goes on, as in
+Determined, with a warning naming the batch and a count in the metrics; `error` stops
+naming the batch before any checkpoint of the poisoned weights; `skip` drops exactly those
+optimizer steps."""
 
 from __future__ import annotations
 
@@ -50,9 +52,25 @@ def fit(tmp_path, trial_class, policy: str | None, batches: int = 10, **conf: An
     return trial, sink
 
 
+def test_default_trains_on_warns_once_and_counts_the_batches(tmp_path, caplog):
+    trial, sink = fit(tmp_path, PoisonedTrial, None)
+    # Closed form until batch 3; the NaN loss at batch 4 poisons the weight for good.
+    w, expected = 0.0, []
+    for _ in range(4):
+        w = w + 2 * 0.1 * (1.0 - w)
+        expected.append(w)
+    assert trial.weights[:4] == pytest.approx(expected, abs=1e-6)
+    assert len(trial.weights) == 10 and all(w != w for w in trial.weights[4:])  # NaN
+    # Reports every 2 batches (the checkpoint period): batches 4..9 are non-finite.
+    counts = [(step, m.get("nonfinite_loss_batches")) for step, m in sink.training]
+    assert counts == [(2, None), (4, None), (6, 2), (8, 2), (10, 2)]
+    warnings = [r for r in caplog.records if "NaN or infinite" in r.getMessage()]
+    assert len(warnings) == 1 and "at batch 4" in warnings[0].getMessage()
+
+
 def test_error_names_the_batch_and_writes_nothing_after_it(tmp_path):
     with pytest.raises(TrialError, match="NaN or infinite at batch 4"):
-        fit(tmp_path, PoisonedTrial, None)
+        fit(tmp_path, PoisonedTrial, "error")
     # Checkpoints at batches 2 and 4 only: the one due at batch 5 (after the NaN) is not.
     from det_tasks.checkpoint_format import read_json
 

@@ -23,6 +23,7 @@ PYTORCH_ALL = {
     "TorchData",
     "TrainUnit",
     "Trainer",
+    "adapt_batch_sampler",
     "data_length",
     "init",
     "load_trial_from_checkpoint_path",
@@ -46,6 +47,7 @@ CONTEXT_METHODS = {
     "get_global_batch_size",
     "get_hparam",
     "get_hparams",
+    "get_initial_batch",
     "get_optimizer",
     "get_per_slot_batch_size",
     "get_stop_requested",
@@ -57,6 +59,9 @@ CONTEXT_METHODS = {
     "is_epoch_start",
     "load_checkpoint_trial",
     "predict",
+    "reduce_metrics",
+    "reset_reducers",
+    "set_enable_tensorboard_logging",
     "set_profiler",
     "set_stop_requested",
     "step_optimizer",
@@ -65,6 +70,7 @@ CONTEXT_METHODS = {
     "wrap_lr_scheduler",
     "wrap_model",
     "wrap_optimizer",
+    "wrap_reducer",
     "wrap_scaler",
 }
 

@@ -46,16 +46,18 @@ def make_grad_scaler(
     max_loss_scale: float | None = 2.0**24,
 ) -> torch.amp.GradScaler:
     """A GradScaler for ``device``; a numeric ``loss_scale`` gives a static scale."""
+    scale: float | None = None
+    if loss_scale is not None and loss_scale != "dynamic":
+        try:
+            scale = float(loss_scale)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"configure_apex_amp loss_scale must be a number or 'dynamic', got {loss_scale!r}"
+            ) from None
     if device.type != "cuda":
         return torch.amp.GradScaler(device.type, enabled=False)
-    if loss_scale is None or loss_scale == "dynamic":
+    if scale is None:
         return torch.amp.GradScaler(device.type)
-    try:
-        scale = float(loss_scale)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"configure_apex_amp loss_scale must be a number or 'dynamic', got {loss_scale!r}"
-        ) from None
     # A static scale never grows or shrinks: growth_interval beyond any run, factors of 1.
     return torch.amp.GradScaler(
         device.type,

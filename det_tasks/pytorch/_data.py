@@ -172,9 +172,18 @@ class DataLoader:
         size: int = 1,
         repeat: bool = False,
         skip: int = 0,
+        *,
+        private_generator: bool = True,
     ) -> torch.utils.data.DataLoader:
-        """A torch DataLoader over this loader's batches (what the harness iterates)."""
-        generator = self.generator or torch.Generator().manual_seed(seed)
+        """A torch DataLoader over this loader's batches (what the harness iterates).
+
+        Its iterators draw their workers' base seed from a generator seeded by ``seed``
+        (so resuming is exact), or, with ``private_generator=False``, from this loader's
+        ``generator`` or the global one, as Determined's do (evaluate_full_dataset).
+        """
+        generator = self.generator
+        if generator is None and private_generator:
+            generator = torch.Generator().manual_seed(seed)
         return torch.utils.data.DataLoader(
             self.dataset,
             batch_sampler=self.make_batch_sampler(seed, rank, size, repeat, skip),

@@ -39,26 +39,39 @@ def iterate_batches(
     repeat: bool,
     skip: int = 0,
 ) -> Iterator[Any]:
-    """Host-side batches of ``loader`` for this rank, optionally forever, after ``skip``."""
+    """Host-side batches of ``loader`` for this rank, optionally forever, after ``skip``.
+
+    Starting an iteration draws what Determined's does from the global torch generator (or
+    the loader's own): torch's DataLoader iterator takes one int64 for its workers' base
+    seed when created. Our loaders use a private generator for that, so the draw is made
+    here, keeping ``torch.rand`` inside train_batch/evaluate_batch equal to Determined's.
+    """
     if isinstance(loader, DataLoader):
+        if loader.supports_fast_gather() or loader.generator is None:
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         if loader.supports_fast_gather():
             sampler = loader.make_batch_sampler(seed, rank, size, repeat=repeat, skip=skip)
             return _gather_batches(loader, sampler)
         torch_loader = loader.get_data_loader(seed, rank, size, repeat=repeat, skip=skip)
         return iter(torch_loader)
-    return _replaying(loader, repeat, skip)
+    return _replaying(loader, iter(loader), repeat, skip)
 
 
-def _replaying(loader: torch.utils.data.DataLoader, repeat: bool, skip: int) -> Iterator[Any]:
-    """A plain torch DataLoader: resuming has to read and drop the skipped batches."""
+def _replaying(
+    loader: torch.utils.data.DataLoader, first: Iterator[Any], repeat: bool, skip: int
+) -> Iterator[Any]:
+    """A plain torch DataLoader: resuming has to read and drop the skipped batches.
+    ``first`` is the first epoch's iterator, created by the caller (now, as Determined)."""
+    epoch: Iterator[Any] = first
     while True:
-        for batch in loader:
+        for batch in epoch:
             if skip:
                 skip -= 1
                 continue
             yield batch
         if not repeat:
             return
+        epoch = iter(loader)
 
 
 class DevicePrefetcher:

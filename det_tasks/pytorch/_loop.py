@@ -97,12 +97,16 @@ class TrialController:
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> None:
-        self._restore(self.options.latest_checkpoint)
-        self._build_data()
-        first_batch = self.batches_trained
+        # Determined's order, which fixes the global RNG streams a trial sees: startup
+        # callbacks, the data loaders and the training iterator (whose creation draws from
+        # the global torch generator), then the checkpoint's state, RNG states included.
+        state = self._read_checkpoint(self.options.latest_checkpoint)
         for cb in self.callbacks.values():
-            cb.on_trial_startup(first_batch, self.latest_checkpoint_uuid)
+            cb.on_trial_startup(self.batches_trained, self.latest_checkpoint_uuid)
         try:
+            self._build_data()
+            if state is not None:
+                load_state(self.context, self.callbacks, state)
             self._train()
         finally:
             self._close_data()
@@ -408,19 +412,20 @@ class TrialController:
         self.sink.report_checkpoint(self.batches_trained, uuid, metadata)
         return uuid
 
-    def _restore(self, reference: str | None) -> None:
+    def _read_checkpoint(self, reference: str | None) -> dict[str, Any] | None:
+        """The checkpoint's state (applied once the data is built) and the loop's position."""
         if reference is None:
-            return
+            return None
         with open_checkpoint(self.store, reference) as path:
             ckpt.verify(path)
             state = ckpt.read_state(path)
             trial_state = state.get(_TRIAL_STATE) or _legacy_trial_state(path)
-        load_state(self.context, self.callbacks, state)
         self.batches_trained = int(trial_state["batches_trained"])
         self.context._initial_batch = self.batches_trained
         self.best_metric = trial_state.get("best_metric")
         self.last_validation_batch = trial_state.get("last_validation_batch")
         self.last_checkpoint_batch = self.batches_trained
+        return state
 
     def _install_before_step_hooks(self) -> None:
         hooks = [

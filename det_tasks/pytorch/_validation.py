@@ -73,12 +73,12 @@ def _by_batch(
     test_mode: bool,
 ) -> dict[str, Any]:
     dist = context.distributed
-    batches = iterate_batches(
-        loader, seed=context.get_trial_seed(), rank=dist.rank, size=dist.size, repeat=False
-    )
     with_index = evaluate_batch_takes_index(trial)
     for cb in callbacks.values():
         cb.on_validation_epoch_start()
+    batches = iterate_batches(
+        loader, seed=context.get_trial_seed(), rank=dist.rank, size=dist.size, repeat=False
+    )
     outputs: list[dict[str, Any]] = []
     keys: list[str] | None = None
     for idx, batch in enumerate(batches):
@@ -114,7 +114,7 @@ def _full_dataset(trial: Any, context: PyTorchTrialContext, loader: Any) -> dict
     metrics: dict[str, Any] | None = None
     if dist.is_chief:
         torch_loader = (
-            loader.get_data_loader(context.get_trial_seed())
+            loader.get_data_loader(context.get_trial_seed(), private_generator=False)
             if isinstance(loader, DataLoader)
             else loader
         )

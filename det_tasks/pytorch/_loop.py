@@ -89,6 +89,7 @@ class TrialController:
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
+        self._rng_for_checkpoint: dict[str, Any] | None = None
         if not context.models:
             raise TrialError(
                 f"{type(trial).__name__}.__init__ wrapped no model: wrap every model with "
@@ -202,6 +203,11 @@ class TrialController:
         self._timer.flush(self.batches_trained, self.sink if self.dist.is_chief else None)
         done = self.batches_trained
         if not self.context.get_stop_requested() and self.last_validation_batch != done:
+            # A validation only because training ends here (not due by its period): the
+            # checkpoint keeps the training stream's RNG state from before it, so a run
+            # continued from it equals one that never stopped (Determined's pause/resume
+            # checkpoints without validating).
+            self._rng_for_checkpoint = ckpt.capture_rng_state(self.context.device)
             self._validate()
         if self.last_checkpoint_batch != done:
             self._checkpoint()
@@ -348,7 +354,7 @@ class TrialController:
             "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
             "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
-            "rng_state": ckpt.capture_rng_state(ctx.device),
+            "rng_state": self._rng_for_checkpoint or ckpt.capture_rng_state(ctx.device),
             _TRIAL_STATE: {
                 "batches_trained": self.batches_trained,
                 "best_metric": self.best_metric,

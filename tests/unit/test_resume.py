@@ -54,8 +54,9 @@ def test_resume_restores_callback_state_and_starts_at_the_right_batch(tmp_path):
     _, _, first = run(tmp_path, 17)
     resumed_trial, _, _ = run(tmp_path, 20, latest=first.checkpoint_uuid)
     counter = resumed_trial.counter
-    assert counter.calls[0] == ("on_checkpoint_load_start", None)
-    assert counter.calls[1] == ("on_trial_startup", 17)
+    # Determined's order: startup (knowing the first batch), then the checkpoint's state.
+    assert counter.calls[0] == ("on_trial_startup", 17)
+    assert counter.calls[1] == ("on_checkpoint_load_start", None)
     # One validation in the first run (saved), one at the end of the resumed one.
     assert counter.validations_seen == 2
 

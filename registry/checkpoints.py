@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import threading
 import uuid as uuid_lib
@@ -31,6 +32,7 @@ __all__ = [
     "checkpoint_records",
     "forget_checkpoint_record",
     "rank_by_metric",
+    "resolve_checkpoint_uuid",
     "run_checkpoint_location",
     "validation_value",
 ]
@@ -73,6 +75,28 @@ def _record_left(uuid: str, run_id: str, where: str, err: Exception) -> str:
         "The record now points at deleted data; fix the cause and delete again (deleting "
         "twice is harmless)"
     )
+
+
+def resolve_checkpoint_uuid(uuid: str) -> str:
+    """The ``runs:/`` URI of the checkpoint with this uuid, in any experiment of the
+    configured MLflow (a warm start's ``searcher.source_checkpoint_uuid``)."""
+    from det_tasks.errors import DetTasksError
+    from registry.settings import RegistrySettings
+    from registry.tracking import client_for
+
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise DetTasksError(f"checkpoint {uuid!r}: finding it needs MLFLOW_TRACKING_URI")
+    if not re.fullmatch(r"[0-9A-Za-z-]{8,64}", uuid):
+        raise DetTasksError(f"{uuid!r} is not a checkpoint uuid")
+    client = client_for(settings.tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(
+        experiments, filter_string=f"tags.`{CHECKPOINT_TAG}{uuid}` LIKE '%'", max_results=2
+    )
+    if not runs:
+        raise DetTasksError(f"no MLflow run records a checkpoint with uuid {uuid!r}")
+    return f"runs:/{runs[0].info.run_id}/checkpoints/{uuid}"
 
 
 def validation_value(record: dict[str, Any], metric: str) -> float | None:

@@ -11,7 +11,12 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from det_tasks.errors import DetTasksError
-from registry.checkpoints import checkpoint_records, rank_by_metric, validation_value
+from registry.checkpoints import (
+    checkpoint_records,
+    rank_by_metric,
+    resolve_checkpoint_uuid,
+    validation_value,
+)
 from registry.models import trial_runs
 from registry.settings import RegistrySettings
 from registry.tracking import EXPERIMENT_RUN_TAG, TRIAL_TAG, client_for
@@ -98,9 +103,14 @@ def describe_experiment_run(client: MlflowClient, run_key: str) -> ExperimentVie
     )
 
 
-def resolve_trial_checkpoint(trial_id: Any) -> str:
-    """The best checkpoint URI of a trial, named by its MLflow run id or by a trial number
-    that exactly one trial run carries."""
+def resolve_trial_checkpoint(
+    trial_id: Any, latest: bool = False, checkpoint_uuid: str | None = None
+) -> str:
+    """The best (``latest``: the most recent, as a warm start from ``source_trial_id``
+    uses) checkpoint URI of a trial, named by its MLflow run id or by a trial number that
+    exactly one trial run carries; with ``checkpoint_uuid``, that checkpoint's URI."""
+    if checkpoint_uuid is not None:
+        return resolve_checkpoint_uuid(checkpoint_uuid)
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
         raise DetTasksError(
@@ -129,6 +139,11 @@ def resolve_trial_checkpoint(trial_id: Any) -> str:
     tags = client.get_run(parent_id).data.tags if parent_id else {}
     metric = tags.get("det.searcher.metric", "")
     smaller = tags.get("det.searcher.smaller_is_better", "True") == "True"
+    if latest:
+        records = checkpoint_records(client, run.info.run_id)
+        if not records:
+            raise DetTasksError(f"trial {text!r} (run {run.info.run_id}) has no checkpoint yet")
+        return str(records[-1]["uri"])
     view = _trial_view(client, run, metric, smaller)
     if view.checkpoint is None:
         raise DetTasksError(f"trial {text!r} (run {run.info.run_id}) has no checkpoint yet")

@@ -157,6 +157,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
         self._tensorboard_writer: Any = None
         self._initial_batch = 0
         self._cpu_amp_noted = False
+        self._warm_started = False  # searcher.source_* applied (see _warm_start.py)
         self._nonfinite = NonFiniteGuard(
             settings.nonfinite_loss, self.device, self.distributed.size
         )

@@ -55,6 +55,7 @@ class FitOptions:
     reporting_period: TrainUnit = dataclasses.field(default_factory=lambda: Batch(100))
     checkpoint_policy: str = "best"
     latest_checkpoint: str | None = None
+    warm_start: str | None = None  # searcher.source_*: weights from here, progress from 0
     step_zero_validation: bool = False
     test_mode: bool = False
     searcher_metric: str | None = None
@@ -102,6 +103,8 @@ class TrialController:
         # callbacks, the data loaders and the training iterator (whose creation draws from
         # the global torch generator), then the checkpoint's state, RNG states included.
         state = self._read_checkpoint(self.options.latest_checkpoint)
+        if state is None and self.options.warm_start is not None:
+            state = self._read_warm_start(self.options.warm_start)
         for cb in self.callbacks.values():
             cb.on_trial_startup(self.batches_trained, self.latest_checkpoint_uuid)
         try:
@@ -432,6 +435,13 @@ class TrialController:
         self.last_validation_batch = trial_state.get("last_validation_batch")
         self.last_checkpoint_batch = self.batches_trained
         return state
+
+    def _read_warm_start(self, reference: str) -> dict[str, Any]:
+        """Every piece of state from another trial's checkpoint, but none of its progress
+        (Determined: the checkpoint's trial id differs, so its trial state is dropped)."""
+        with open_checkpoint(self.store, reference) as path:
+            ckpt.verify(path)
+            return ckpt.read_state(path)
 
     def _install_before_step_hooks(self) -> None:
         hooks = [

@@ -28,6 +28,7 @@ from det_tasks.pytorch._legacy import adapt_trial
 from det_tasks.pytorch._loop import FitOptions, TrialController
 from det_tasks.pytorch._profiler import ProfilerSettings
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
+from det_tasks.pytorch._warm_start import warm_start_reference
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
@@ -265,6 +266,10 @@ class Trainer:
             )
         store = ctx._checkpoint_store or store_from_config(conf)
         ctx._checkpoint_store = store
+        if latest_checkpoint is None and not ctx._warm_started:
+            # Once per trial: a later fit() on the same context continues, not restarts.
+            options = dataclasses.replace(options, warm_start=warm_start_reference(conf, store))
+            ctx._warm_started = True
         sink = ctx._metrics_sink or InMemoryMetricsSink()
         controller = TrialController(self._trial, ctx, options, sink, store)
         controller.run()

@@ -80,6 +80,17 @@ def test_import_adopts_every_layout_signed_and_registered(tmp_path, monkeypatch)
         trial = load_trial_from_checkpoint_path(str(local))
         assert trial.model(X).detach().squeeze(1).tolist() == expected
 
+    # Warm start from the registry: a uuid this trial's storage does not hold, or a trial
+    # id (the imported trial 7: its most recent checkpoint, 0.21-metadata is the last).
+    from det_tasks.pytorch._warm_start import warm_start_reference
+    from det_tasks.storage import LocalDirectoryStore
+
+    store = LocalDirectoryStore(tmp_path / "elsewhere")
+    by_uuid = {"searcher": {"source_checkpoint_uuid": Path(sources[0]).name}}
+    assert warm_start_reference(by_uuid, store) == uris[0]
+    by_trial = {"searcher": {"source_trial_id": "determined-7"}}
+    assert warm_start_reference(by_trial, store) == uris[-1]
+
 
 def test_import_refuses_a_tampered_pickle_and_imports_nothing(tmp_path):
     pytest.importorskip("mlflow")

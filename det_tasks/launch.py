@@ -95,6 +95,7 @@ class RunServices:
     metrics_sink: Any = None
     checkpoint_store: Any = None
     tensorboard_dir: str | None = None
+    run_url: str | None = None  # where the run can be seen (an MLflow UI page), if anywhere
 
 
 _SERVICES: contextvars.ContextVar[RunServices | None] = contextvars.ContextVar(

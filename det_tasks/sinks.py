@@ -7,6 +7,7 @@ calls it at reporting boundaries, never per batch.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["InMemoryMetricsSink", "MetricsSink", "MultiSink", "ReportedCheckpoint"]
@@ -90,6 +91,15 @@ class MultiSink:
             progress = getattr(sink, "report_progress", None)
             if progress is not None:
                 progress(steps_completed, epochs)
+
+    def watch_progress(
+        self, position: Callable[[], int], epoch_len: int, max_batches: int | None
+    ) -> None:
+        """Optional on sinks: follow the loop's batch counter (a progress bar's clock)."""
+        for sink in self.sinks:
+            watch = getattr(sink, "watch_progress", None)
+            if watch is not None:
+                watch(position, epoch_len, max_batches)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -107,7 +107,7 @@ def _ui_url(flow_run_id: Any) -> str:
 def cmd_experiment_create(args: argparse.Namespace) -> int:
     from det_tasks.runner.local import load_raw_config
     from registry.settings import RegistrySettings
-    from registry.tracking import client_for, ensure_experiment
+    from registry.tracking import client_for, ensure_experiment, mlflow_link
 
     _, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
     config_text = args.config.read_text(encoding="utf-8")
@@ -126,8 +126,8 @@ def cmd_experiment_create(args: argparse.Namespace) -> int:
     settings = RegistrySettings.from_env()
     if settings.tracking_uri:
         name = cfg.name or args.config.stem
-        exp_id = ensure_experiment(client_for(settings.tracking_uri), name)
-        print(f"  MLflow experiment: {settings.tracking_uri}/#/experiments/{exp_id}")
+        exp_id = ensure_experiment(client_for(settings.tracking_uri), name, cfg.description)
+        print(f"  MLflow experiment: {mlflow_link(settings.tracking_uri, exp_id)}")
     return _follow(flow_run.id) if args.follow else 0
 
 

@@ -48,8 +48,10 @@ def cmd_experiments(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """Every checkpoint of the latest experiment run, best searcher metric first (those
+    without a validation of it last, newest first)."""
     from registry import models as models_lib
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints import checkpoint_records, rank_by_metric
 
     if args.experiment == "import":
         return cmd_import(args)
@@ -61,11 +63,27 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     client = _client()
     parent = models_lib._parent_run(client, args.experiment)
     metric = parent.data.tags.get("det.searcher.metric", "")
-    rows = []
-    for run in models_lib.trial_runs(client, parent):
-        for record in checkpoint_records(client, run.info.run_id):
-            value = (record.get("validation_metrics") or {}).get(metric)
-            rows.append([run.info.run_name, record["steps_completed"], value, record["uri"]])
+    smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
+    records = [
+        {**record, "trial": run.info.run_name}
+        for run in models_lib.trial_runs(client, parent)
+        for record in checkpoint_records(client, run.info.run_id)
+    ]
+    ranked = rank_by_metric(records, metric, smaller) if metric else []
+    scored = {id(r) for r in ranked}
+    rest = sorted(
+        (r for r in records if id(r) not in scored),
+        key=lambda r: -int(r.get("steps_completed", 0)),
+    )
+    rows = [
+        [
+            r["trial"],
+            r["steps_completed"],
+            (r.get("validation_metrics") or {}).get(metric),
+            r["uri"],
+        ]
+        for r in [*ranked, *rest]
+    ]
     _table(rows, ["trial", "batches", metric or "metric", "uri"])
     return 0
 

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import uuid as uuid_lib
 from collections.abc import Iterator
@@ -15,15 +16,22 @@ from typing import Any
 
 from det_tasks.launch import RunServices
 from registry import s3 as s3_lib
-from registry.checkpoints import S3CheckpointStore
+from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore
 from registry.gc import collect_experiment_garbage
 from registry.metrics import MlflowMetricsSink
 from registry.models import trial_runs
-from registry.plots import log_learning_curves
+from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
 from registry.settings import RegistrySettings
-from registry.tracking import ExperimentRuns, client_for
+from registry.summary import best_trial, log_best_trial
+from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
-__all__ = ["code_version", "finish_experiment", "trial_services"]
+__all__ = [
+    "ERROR_TAG",
+    "code_version",
+    "finish_experiment",
+    "start_system_metrics",
+    "trial_services",
+]
 
 
 def code_version(model_dir: Path) -> str:
@@ -87,34 +95,100 @@ def trial_services(
         cache_dir=settings.cache_dir,
     )
     tensorboard_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb")))
-    status = "FAILED"
+    link = mlflow_link(settings.tracking_uri, runs.experiment_id, run_id)
+    if owns_experiment_run:
+        print(f"MLflow run: {link}", file=sys.stderr)
+    monitor = start_system_metrics(settings, run_id)
+    status, error = "FAILED", None
     try:
         yield RunServices(
-            metrics_sink=sink, checkpoint_store=store, tensorboard_dir=str(tensorboard_dir)
+            metrics_sink=sink,
+            checkpoint_store=store,
+            tensorboard_dir=str(tensorboard_dir),
+            run_url=link,
         )
         status = "FINISHED"
+    except BaseException as err:
+        error = err
+        raise
     finally:
+        if monitor is not None:
+            monitor.finish()
         store.close()
         sink.close()
         if any(p.is_file() for p in tensorboard_dir.rglob("*")):
             client.log_artifacts(run_id, str(tensorboard_dir), artifact_path="tensorboard")
         shutil.rmtree(tensorboard_dir, ignore_errors=True)
-        runs.finish(run_id, status)
-        if owns_experiment_run:
-            finish_experiment(runs, s3, status)
-        elif status == "FINISHED":
-            parent = client.get_run(runs.parent_run_id)
-            collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
+        if error is not None and _left_empty(client, run_id, owns_experiment_run, runs):
+            _delete_runs(client, [run_id] + ([runs.parent_run_id] if owns_experiment_run else []))
+        else:
+            if error is not None:
+                _tag_error(client, run_id, error)
+            runs.finish(run_id, status)
+            if owns_experiment_run:
+                finish_experiment(runs, s3, status)
+            elif status == "FINISHED":
+                parent = client.get_run(runs.parent_run_id)
+                collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
+
+
+def start_system_metrics(settings: RegistrySettings, run_id: str) -> Any:
+    """MLflow's system-metrics sampler (CPU, memory, disk, network; GPU where pynvml finds
+    one) on the trial run, every ``DET_TASKS_SYSTEM_METRICS_INTERVAL`` seconds (0: off)."""
+    if settings.system_metrics_interval <= 0:
+        return None
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        run_id,
+        sampling_interval=settings.system_metrics_interval,
+        tracking_uri=settings.tracking_uri,
+    )
+    monitor.start()
+    return monitor
+
+
+ERROR_TAG = "det.error"
+
+
+def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRuns) -> bool:
+    """A trial run that failed before it recorded anything of its own (no training metric,
+    no checkpoint), in an experiment run it owns: an empty FAILED pair nobody wants."""
+    if not owns_parent:
+        return False
+    run = client.get_run(run_id)
+    recorded = [k for k in run.data.metrics if not k.startswith("system/")]
+    return not recorded and not any(k.startswith(CHECKPOINT_TAG) for k in run.data.tags)
+
+
+def _delete_runs(client: Any, run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        with contextlib.suppress(Exception):  # best effort: the error being raised matters
+            client.delete_run(run_id)
+
+
+def _tag_error(client: Any, run_id: str, error: BaseException) -> None:
+    text = f"{type(error).__name__}: {error}"[:5000]
+    with contextlib.suppress(Exception):
+        client.set_tag(run_id, ERROR_TAG, text)
 
 
 def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -> None:
-    """End of an experiment run: GC by policy, the learning-curve picture, the parent's end."""
+    """End of an experiment run: GC by policy, the winner on the parent run, the learning
+    curves (PNG) and the interactive plots (HTML), the parent's end."""
     client = runs.client
     parent = client.get_run(runs.parent_run_id)
     trials = trial_runs(client, parent)
     if status == "FINISHED":
         collect_experiment_garbage(client, s3, parent, trials)
-        metric = (runs.raw_config.get("searcher") or {}).get("metric")
+        searcher = runs.raw_config.get("searcher") or {}
+        metric = searcher.get("metric")
         if metric:
-            log_learning_curves(client, runs.parent_run_id, trials, metric)
+            smaller = bool(searcher.get("smaller_is_better", True))
+            best = best_trial(client, trials, metric, smaller)
+            if best is not None:
+                log_best_trial(client, runs.parent_run_id, best)
+            curves = trial_curves(client, trials, metric)
+            log_learning_curves(client, runs.parent_run_id, curves, metric)
+            log_interactive_plots(client, runs.parent_run_id, curves, metric, smaller)
     runs.finish(runs.parent_run_id, status)

@@ -4,7 +4,8 @@ The names are the ones MLflow and boto3 already use (MLFLOW_TRACKING_URI,
 MLFLOW_S3_ENDPOINT_URL, AWS_*), so pointing the platform at AWS S3 or a remote MLflow
 is a matter of setting them; ``python -m infra.stack env`` prints them for the local stack.
 DET_TASKS_ARTIFACT_ROOT (a directory) is where new MLflow experiments keep their artifacts
-when the tracking store is local (the embedded mode).
+when the tracking store is local (the embedded mode). DET_TASKS_SYSTEM_METRICS_INTERVAL is
+how often (seconds) trial runs sample CPU, memory, disk, network and GPU; 0 turns it off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class RegistrySettings:
     artifacts_destination: str | None
     cache_dir: Path
     artifact_root: str | None = None
+    system_metrics_interval: float = 10.0
 
     @classmethod
     def from_env(cls) -> RegistrySettings:
@@ -36,6 +38,9 @@ class RegistrySettings:
             artifacts_destination=os.environ.get("DET_TASKS_MLFLOW_ARTIFACTS"),
             cache_dir=Path(cache),
             artifact_root=os.environ.get("DET_TASKS_ARTIFACT_ROOT"),
+            system_metrics_interval=float(
+                os.environ.get("DET_TASKS_SYSTEM_METRICS_INTERVAL") or 10.0
+            ),
         )
 
     @property

@@ -18,11 +18,24 @@ from mlflow.tracking import MlflowClient
 from det_tasks.config.hyperparameters import flatten_hparams
 from registry.settings import RegistrySettings
 
-__all__ = ["TRIAL_TAG", "ExperimentRuns", "client_for", "ensure_experiment", "flat_params"]
+__all__ = [
+    "EXPERIMENT_KIND_TAG",
+    "TRIAL_TAG",
+    "ExperimentRuns",
+    "client_for",
+    "ensure_experiment",
+    "flat_params",
+    "mlflow_link",
+]
 
 TRIAL_TAG = "det.trial_id"
 EXPERIMENT_RUN_TAG = "det.experiment_run"
 PARENT_TAG = "mlflow.parentRunId"
+# MLflow 3.17's UI opens an experiment without this tag in its GenAI (traces) view; ours are
+# model-training experiments, whose page is the runs table.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the MLflow UI
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -56,7 +69,10 @@ class ExperimentRuns:
         self, client: MlflowClient, experiment_name: str, run_key: str, raw_config: dict[str, Any]
     ) -> None:
         self.client = client
-        self.experiment_id = _experiment(client, experiment_name)
+        description = raw_config.get("description")
+        self.experiment_id = _experiment(
+            client, experiment_name, str(description) if description else None
+        )
         self.raw_config = raw_config
         self.parent_run_id = self._find_or_create(
             {EXPERIMENT_RUN_TAG: run_key},
@@ -115,26 +131,48 @@ class ExperimentRuns:
         return str(RunStatus.to_string(client.get_run(run_id).info.status))  # type: ignore[arg-type]
 
 
-def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """The id of MLflow experiment ``name``, created (or restored) if needed."""
-    return _experiment(client, name)
+def ensure_experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
+    """The id of MLflow experiment ``name``, created (or restored) if needed, tagged as a
+    model-training experiment and carrying ``description``."""
+    return _experiment(client, name, description)
 
 
-def _experiment(client: MlflowClient, name: str) -> str:
+def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI page of an experiment's runs table (or of one run); for a local store,
+    that page in the command that serves one."""
+    page = f"experiments/{experiment_id}/" + (f"runs/{run_id}" if run_id else "runs")
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/{page}"
+    return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
+
+
+def _experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    if description:
+        tags[DESCRIPTION_TAG] = description
     found = client.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
+        _tag_experiment(client, found, tags)
         return str(found.experiment_id)
     root = RegistrySettings.from_env().artifact_root
     location = Path(root, name).expanduser().resolve().as_uri() if root else None
     try:
-        return str(client.create_experiment(name, artifact_location=location))
+        return str(client.create_experiment(name, artifact_location=location, tags=tags))
     except MlflowException:  # created concurrently by another trial
         found = client.get_experiment_by_name(name)
         if found is None:
             raise
+        _tag_experiment(client, found, tags)
         return str(found.experiment_id)
+
+
+def _tag_experiment(client: MlflowClient, experiment: Any, tags: dict[str, str]) -> None:
+    """Experiments made before the tags existed (or by hand) get them on next use."""
+    for key, value in tags.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
 
 
 def _retry(fn: Any, attempts: int = 5) -> Any:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from det_tasks.distributed import DistributedContext
-from det_tasks.errors import TrialError
+from det_tasks.errors import ConfigError, TrialError
 from det_tasks.pytorch import _amp, _parallel
 from det_tasks.pytorch._data import to_device
 from det_tasks.pytorch._lr_scheduler import LRScheduler
@@ -173,7 +173,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
     def get_hparam(self, name: str) -> Any:
         if name not in self._settings.hparams:
             known = ", ".join(sorted(self._settings.hparams)) or "none"
-            raise ValueError(
+            raise ConfigError(  # a ValueError, as in Determined
                 f"hyperparameter {name!r} is not defined; the experiment config defines: "
                 f"{known}. Add it under `hyperparameters:`"
             )

@@ -111,6 +111,9 @@ class TrialController:
             self._build_data()
             if state is not None:
                 load_state(self.context, self.callbacks, state)
+            watch = getattr(self.sink, "watch_progress", None)  # a progress bar reads our counter
+            if watch is not None and self.dist.is_chief:
+                watch(lambda: self.batches_trained, self.epoch_len, self.max_batches)
             self._train()
         finally:
             self._close_data()

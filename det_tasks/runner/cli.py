@@ -1,4 +1,5 @@
-"""``det-tasks``: the command line. User mistakes print one paragraph and exit 1."""
+"""det-tasks: train Determined PyTorchTrial code locally or on the platform (MLflow, S3,
+Prefect), and browse what it recorded."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from det_tasks import plugins
-from det_tasks.errors import DetTasksError
+from det_tasks.errors import ConfigError, DetTasksError
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    # User mistakes print one paragraph (no traceback) and exit 1.
     parser = argparse.ArgumentParser(prog="det-tasks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one trial in this process from an experiment config")
@@ -54,13 +56,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--hparams", help="JSON hyperparameters for this trial (orchestrators)")
     run.add_argument("--max-batches", type=int, help="train until this many batches in total")
-    run.add_argument("--trial-id", default="1", help="trial id within the experiment run")
-    run.add_argument("--experiment-run", help="experiment run key (groups trials in MLflow)")
-    run.add_argument("--summary-file", help="also write the JSON summary to this file")
-    check = sub.add_parser("check-config", help="validate an experiment config and print it")
+    # Flags the experiment flow passes to each trial's process: not for people, not in --help.
+    run.add_argument("--hparams", help=argparse.SUPPRESS)
+    run.add_argument("--trial-id", default="1", help=argparse.SUPPRESS)
+    run.add_argument("--experiment-run", help=argparse.SUPPRESS)
+    run.add_argument("--summary-file", help=argparse.SUPPRESS)
+    check = sub.add_parser(
+        "check-config",
+        help="validate an experiment config, import its entrypoint, and print the config",
+    )
     check.add_argument("config")
+    check.add_argument(
+        "model_dir", nargs="?", help="directory with the entrypoint's code (default: the config's)"
+    )
     for register in plugins.load_all("det_tasks.cli").values():
         register(sub)
     return parser
@@ -72,17 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # e.g. "Found credentials in environment variables", "Started monitoring system metrics"
+    for noisy in ("httpx", "botocore", "boto3", "mlflow.system_metrics"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.simplefilter("default", DeprecationWarning)
     try:
         if getattr(args, "func", None) is not None:
             return int(args.func(args))
         if args.command == "check-config":
-            from det_tasks.config import load_config
-
-            config = load_config(args.config)
-            print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
-            return 0
+            return _check_config(Path(args.config), args.model_dir)
         from det_tasks.runner import launcher
         from det_tasks.runner.local import load_raw_config, run_trial
 
@@ -108,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             experiment_run_key=args.experiment_run,
         )
     except DetTasksError as err:
-        print(f"error: {err}", file=sys.stderr)
+        where = _user_code_location(err)
+        print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -119,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "validation": result.validation_metrics,
         "hparams": result.hparams,
     }
+    if result.run_url:
+        summary["mlflow_run"] = result.run_url
     text = json.dumps(summary, indent=2, default=str)
     if launcher.worker_rank() != 0:
         return 0  # the chief reports for the trial
@@ -126,6 +136,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.summary_file).write_text(text)
     print(text)
     return 0
+
+
+def _check_config(config_path: Path, model_dir: str | None) -> int:
+    """Validate the config, then import the entrypoint as ``run`` would (class or script)."""
+    from det_tasks.config import load_config
+    from det_tasks.runner.entrypoint import model_dir_on_path
+    from det_tasks.runner.local import load_entrypoint
+
+    config = load_config(config_path)
+    directory = Path(model_dir) if model_dir else config_path.parent
+    if not directory.is_dir():
+        raise ConfigError(f"model directory {str(directory)!r} does not exist")
+    with model_dir_on_path(directory):
+        entry = load_entrypoint(config, directory)
+    print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
+    kind = f"script {entry}" if isinstance(entry, Path) else f"trial class {entry.__qualname__}"
+    print(f"ok: entrypoint {config.entrypoint!r} loads ({kind})", file=sys.stderr)
+    return 0
+
+
+def _user_code_location(err: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of the user's code in the error's traceback
+    (not this package, not an installed library), or None."""
+    ours = Path(__file__).resolve().parents[1]
+    libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    found = None
+    tb = err.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        path = Path(name).resolve() if not name.startswith("<") else None
+        if (
+            path is not None
+            and not path.is_relative_to(ours)
+            and not any(path.is_relative_to(lib) for lib in libraries)
+        ):
+            shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+            found = f"{shown}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 if __name__ == "__main__":

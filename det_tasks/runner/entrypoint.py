@@ -33,6 +33,10 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
     sys.modules.pop(module_name, None)
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as err:
+        raise TrialError(
+            f"entrypoint {entrypoint!r}: {err.filename}:{err.lineno}: {err.msg}"
+        ) from None
     except ModuleNotFoundError as err:
         if err.name == module_name.split(".")[0]:
             raise ConfigError(

@@ -32,7 +32,7 @@ from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
-__all__ = ["RunResult", "load_raw_config", "run_trial"]
+__all__ = ["RunResult", "load_entrypoint", "load_raw_config", "run_trial"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,7 @@ class RunResult:
     checkpoint_uri: str | None
     validation_metrics: dict[str, Any] | None
     sink: InMemoryMetricsSink
+    run_url: str | None = None  # the MLflow page of the trial run, when there is one
 
 
 def load_raw_config(
@@ -104,43 +105,41 @@ def run_trial(
         )
     gbs = hparams.get("global_batch_size")
     max_length = Batch(max_batches) if max_batches else _unit(config, config.max_length, gbs)
-    platform = _platform_services(
-        raw, config, hparams, model_dir, config_path, checkpoint_dir, trial_id, experiment_run_key
-    )
-    with platform as services:
-        store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
-        memory = InMemoryMetricsSink()
-        sinks: list[MetricsSink] = [memory]
-        if services is not None:
-            sinks.append(services.metrics_sink)
-        if progress:
-            total = max_length.value if isinstance(max_length, Batch) else None
-            sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))  # type: ignore[arg-type]
-        if extra_sink is not None:
-            sinks.append(extra_sink)
-        sink = MultiSink(*sinks)
-        scope = launch.services(services) if services else contextlib.nullcontext()
-        latest = choose_resume_checkpoint(store, latest_checkpoint)
-        try:
-            with model_dir_on_path(model_dir), scope:
-                result = _run(
-                    config,
-                    raw,
-                    hparams,
-                    model_dir,
-                    store,
-                    sink,
-                    max_length,
-                    test_mode,
-                    latest,
-                    device,
-                )
-        finally:
-            sink.close()
-        if services is None:
-            _apply_retention(config, store, memory)
-        uri = store.uri(result[1]) if result[1] else None
-    return RunResult(hparams, result[0], result[1], uri, result[2], memory)
+    with model_dir_on_path(model_dir):
+        # The entrypoint loads before any MLflow run exists: a wrong class or script name
+        # leaves nothing behind.
+        entry = load_entrypoint(config, model_dir)
+        platform = _platform_services(
+            raw, config, hparams, model_dir, config_path, checkpoint_dir, trial_id, experiment_run_key
+        )
+        with platform as services:
+            store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
+            memory = InMemoryMetricsSink()
+            sinks: list[MetricsSink] = [memory]
+            if services is not None:
+                sinks.append(services.metrics_sink)
+            if progress:
+                total = max_length.value if isinstance(max_length, Batch) else None
+                sinks.append(ProgressSink(1 if test_mode else total, int(gbs or 1)))  # type: ignore[arg-type]
+            if extra_sink is not None:
+                sinks.append(extra_sink)
+            sink = MultiSink(*sinks)
+            scope = launch.services(services) if services else contextlib.nullcontext()
+            latest = choose_resume_checkpoint(store, latest_checkpoint)
+            run = _RunInputs(config, raw, hparams, model_dir, store, sink, latest, device, trial_id)
+            try:
+                with scope:
+                    if isinstance(entry, Path):
+                        result = _run_script(run, entry)
+                    else:
+                        result = _fit_trial_class(run, entry, max_length, test_mode)
+            finally:
+                sink.close()
+            if services is None:
+                _apply_retention(config, store, memory)
+            uri = store.uri(result[1]) if result[1] else None
+            url = services.run_url if services is not None else None
+        return RunResult(hparams, result[0], result[1], uri, result[2], memory, url)
 
 
 def _platform_services(
@@ -173,48 +172,50 @@ def _platform_services(
     )
 
 
-def _run(
-    config: ExperimentConfig,
-    raw: dict[str, Any],
-    hparams: dict[str, Any],
-    model_dir: Path,
-    store: CheckpointStore,
-    sink: MetricsSink,
-    max_length: TrainUnit,
-    test_mode: bool,
-    latest: str | None,
-    device: str | None,
-) -> tuple[int, str | None, dict[str, Any] | None]:
+@dataclasses.dataclass(frozen=True)
+class _RunInputs:
+    config: ExperimentConfig
+    raw: dict[str, Any]
+    hparams: dict[str, Any]
+    model_dir: Path
+    store: CheckpointStore
+    sink: MetricsSink
+    latest: str | None
+    device: str | None
+    trial_id: str
+
+
+def load_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
+    """The trial class (``module:Class``) or the script's path; inside model_dir_on_path."""
     if config.is_trial_class_entrypoint:
-        return _fit_trial_class(
-            config, raw, hparams, model_dir, store, sink, max_length, test_mode, latest, device
-        )
-    return _run_script(config, raw, hparams, model_dir, store, sink, latest)
+        assert isinstance(config.entrypoint, str)
+        return load_trial_class(config.entrypoint, model_dir)
+    script, _ = parse_script_command(config.entrypoint)
+    path = (model_dir / script).resolve()
+    if not path.is_file():
+        raise ConfigError(f"entrypoint script {str(script)!r} not found in {str(model_dir)!r}")
+    return path
+
+
+def _trial_number(trial_id: str) -> int | str:
+    """Determined's trial ids are ints; the flows' are numbers passed as text."""
+    return int(trial_id) if trial_id.isdigit() else trial_id
 
 
 def _fit_trial_class(
-    config: ExperimentConfig,
-    raw: dict[str, Any],
-    hparams: dict[str, Any],
-    model_dir: Path,
-    store: CheckpointStore,
-    sink: MetricsSink,
-    max_length: TrainUnit,
-    test_mode: bool,
-    latest: str | None,
-    device: str | None,
+    run: _RunInputs, trial_class: type, max_length: TrainUnit, test_mode: bool
 ) -> tuple[int, str | None, dict[str, Any] | None]:
-    assert isinstance(config.entrypoint, str)
-    trial_class = load_trial_class(config.entrypoint, model_dir)
-    gbs = hparams.get("global_batch_size")
+    config = run.config
+    gbs = run.hparams.get("global_batch_size")
     with init(
-        hparams=hparams,
-        exp_conf=raw,
-        metrics_sink=sink,
-        checkpoint_store=store,
-        device=device,
+        hparams=run.hparams,
+        exp_conf=run.raw,
+        metrics_sink=run.sink,
+        checkpoint_store=run.store,
+        device=run.device,
         seed=config.reproducibility.experiment_seed,
-        model_dir=model_dir,
+        model_dir=run.model_dir,
+        trial_id=_trial_number(run.trial_id),
     ) as context:
         trial = trial_class(context)
         trainer = Trainer(trial, context)
@@ -223,42 +224,32 @@ def _fit_trial_class(
             validation_period=_unit(config, config.min_validation_period, gbs),
             checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
             checkpoint_policy=config.checkpoint_policy,
-            latest_checkpoint=latest,
+            latest_checkpoint=run.latest,
             step_zero_validation=config.perform_initial_validation,
             test_mode=test_mode,
         )
     return result.batches_trained, result.checkpoint_uuid, result.validation_metrics
 
 
-def _run_script(
-    config: ExperimentConfig,
-    raw: dict[str, Any],
-    hparams: dict[str, Any],
-    model_dir: Path,
-    store: CheckpointStore,
-    sink: MetricsSink,
-    latest: str | None,
-) -> tuple[int, str | None, dict[str, Any] | None]:
+def _run_script(run: _RunInputs, path: Path) -> tuple[int, str | None, dict[str, Any] | None]:
     """A Trainer-API script, run in this process as ``__main__`` with cluster info set."""
     from det_tasks import compat
 
-    script, args = parse_script_command(config.entrypoint)
-    path = (model_dir / script).resolve()
-    if not path.is_file():
-        raise ConfigError(f"entrypoint script {str(script)!r} not found in {str(model_dir)!r}")
+    _, args = parse_script_command(run.config.entrypoint)
     compat.install()
     info = launch.ClusterInfo(
         trial=launch.TrialInfo(
-            trial_id="local",
+            trial_id=_trial_number(run.trial_id),
             experiment_id="local",
-            hparams=hparams,
-            config=raw,
-            trial_seed=config.reproducibility.experiment_seed,
+            hparams=run.hparams,
+            config=run.raw,
+            trial_seed=run.config.reproducibility.experiment_seed,
         ),
-        latest_checkpoint=latest,
-        checkpoint_dir=str(getattr(store, "root", "checkpoints")),
-        model_dir=str(model_dir.resolve()),
+        latest_checkpoint=run.latest,
+        checkpoint_dir=str(getattr(run.store, "root", "checkpoints")),
+        model_dir=str(run.model_dir.resolve()),
     )
+    sink, store = run.sink, run.store
     memory = next(s for s in getattr(sink, "sinks", [sink]) if isinstance(s, InMemoryMetricsSink))
     old_argv = sys.argv
     sys.argv = [str(path), *args]

@@ -1,0 +1,199 @@
+"""What a user sees in MLflow after `det-tasks run` against the real stack: the experiment
+opens as a model-training experiment with its description, the parent run names the winner,
+trial runs carry system metrics, the parent run has an interactive plotly page, the
+checkpoint listing is best first, and a run that fails before its first batch (or never
+loads its entrypoint) leaves no runs behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import FLOW_MODEL, run_xor_trial
+
+QUICK = [
+    "--param",
+    "min_validation_period={batches: 20}",
+    "--param",
+    "min_checkpoint_period={batches: 20}",
+]
+
+
+def platform_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "DET_TASKS_SYSTEM_METRICS_INTERVAL": "0.3", **extra}
+
+
+def det_tasks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "det_tasks.runner.cli", *args],
+        env=platform_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+class _Scripts(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._in_script = tag == "script"
+        if self._in_script:
+            self.scripts.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+def plotly_traces(html: str) -> list[dict]:
+    """The traces handed to Plotly.newPlot in the page (parsed, not grepped)."""
+    parser = _Scripts()
+    parser.feed(html)
+    call = next(s for s in parser.scripts if "Plotly.newPlot(" in s and "plotly.js v" not in s)
+    start = call.index("Plotly.newPlot(") + len("Plotly.newPlot(")
+    decoder = json.JSONDecoder()
+    _, end = decoder.raw_decode(call, call.index('"', start))  # the div id
+    traces, _ = decoder.raw_decode(call, call.index("[", end))
+    return list(traces)
+
+
+def test_run_shows_winner_system_metrics_and_plots(stack, tmp_path):
+    from registry.models import _parent_run
+    from registry.tracking import client_for
+
+    name = f"ux-{uuid.uuid4().hex[:6]}"
+    proc = run_xor_trial(
+        name,
+        60,
+        platform_env(),
+        FLOW_MODEL,
+        *QUICK,
+        "--param",
+        "description=XOR, as a user sees it",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Found credentials" not in proc.stderr
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name(name)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.tags["mlflow.note.content"] == "XOR, as a user sees it"
+
+    parent = _parent_run(client, name)
+    (trial,) = client.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    summary = json.loads(proc.stdout)
+    link = f"#/experiments/{experiment.experiment_id}/runs/{trial.info.run_id}"
+    assert summary["mlflow_run"].endswith(link)
+    assert f"MLflow run: {summary['mlflow_run']}" in proc.stderr
+
+    # The winner on the parent run: metric at its step, hparams, best checkpoint.
+    history = client.get_metric_history(trial.info.run_id, "validation/validation_loss")
+    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [20, 40, 60]
+    best = min(history, key=lambda m: (m.value, m.step))
+    tags = parent.data.tags
+    assert tags["det.best.trial_id"] == "1"
+    assert tags["det.best.run_id"] == trial.info.run_id
+    assert tags["det.best.step"] == str(best.step)
+    assert tags["det.best.hp.learning_rate"] == "0.1" and tags["det.best.hp.hidden"] == "6"
+    assert parent.data.metrics["validation/validation_loss"] == pytest.approx(best.value)
+    records = [json.loads(v) for k, v in trial.data.tags.items() if k.startswith("det.checkpoint.")]
+    best_record = min(records, key=lambda r: r["validation_metrics"]["validation_loss"])
+    assert tags["det.best.checkpoint"] == best_record["uri"]
+
+    # System metrics on the trial run (MLflow's sampler, every 0.3 s here).
+    metrics = trial.data.metrics
+    for key in (
+        "system/cpu_utilization_percentage",
+        "system/system_memory_usage_megabytes",
+        "system/disk_usage_percentage",
+        "system/network_receive_megabytes",
+    ):
+        assert key in metrics, sorted(metrics)
+
+    # The PNG stays; the interactive page is there and holds every trial's curve.
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"learning_curves.png", "experiment.html"} <= artifacts
+    page = Path(client.download_artifacts(parent.info.run_id, "experiment.html", str(tmp_path)))
+    traces = plotly_traces(page.read_text())
+    curve = next(t for t in traces if t.get("name") == "trial-1")
+    assert curve["x"] == [20, 40, 60]
+    assert len(traces) == 1 + 4  # the curve, then one scatter per hyperparameter
+
+    # metadata.json carries the real trial id.
+    fetched = det_tasks("download", best_record["uri"], str(tmp_path / "ckpt"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads((tmp_path / "ckpt" / "metadata.json").read_text())["trial_id"] == "1"
+
+
+def test_checkpoints_listing_is_best_first(stack):
+    name = f"ux-list-{uuid.uuid4().hex[:6]}"
+    key = uuid.uuid4().hex
+    for trial_id, lr in (("1", "0.5"), ("2", "0.02")):
+        proc = run_xor_trial(
+            name,
+            60,
+            platform_env(),
+            FLOW_MODEL,
+            *QUICK,
+            "--experiment-run",
+            key,
+            "--trial-id",
+            trial_id,
+            "--param",
+            f"hyperparameters.learning_rate={lr}",
+        )
+        assert proc.returncode == 0, proc.stderr
+    listing = det_tasks("checkpoints", name)
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split() for line in listing.stdout.splitlines()[2:]]
+    assert {r[0] for r in rows} == {"trial-1", "trial-2"} and len(rows) == 6
+    values = [float(r[2]) for r in rows]
+    assert values == sorted(values), listing.stdout
+
+
+def test_failures_before_training_leave_no_runs(stack, tmp_path):
+    from mlflow.entities import ViewType
+
+    from registry.tracking import client_for
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    model = tmp_path / "model"
+    shutil.copytree(FLOW_MODEL, model)
+
+    # A wrong entrypoint class: found before any MLflow run exists.
+    name = f"ux-entry-{uuid.uuid4().hex[:6]}"
+    proc = run_xor_trial(name, 5, platform_env(), model, "--param", "entrypoint=model_def:Xor")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "model_def.py has no 'Xor'" in proc.stderr
+    assert client.get_experiment_by_name(name) is None
+
+    # A misspelt hyperparameter: fails in the trial's __init__, after the runs were made;
+    # the empty FAILED pair is deleted, and the error names the user's line.
+    name = f"ux-hparam-{uuid.uuid4().hex[:6]}"
+    config = model / "killable.yaml"
+    config.write_text(config.read_text().replace("learning_rate:", "learnign_rate:"))
+    proc = run_xor_trial(name, 5, platform_env(), model)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(r"model_def\.py:\d+: hyperparameter 'learning_rate'", proc.stderr)
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None
+    assert client.search_runs([experiment.experiment_id], run_view_type=ViewType.ACTIVE_ONLY) == []
+    deleted = client.search_runs([experiment.experiment_id], run_view_type=ViewType.DELETED_ONLY)
+    assert len(deleted) == 2

@@ -110,7 +110,14 @@ def run_trial(
         # leaves nothing behind.
         entry = load_entrypoint(config, model_dir)
         platform = _platform_services(
-            raw, config, hparams, model_dir, config_path, checkpoint_dir, trial_id, experiment_run_key
+            raw,
+            config,
+            hparams,
+            model_dir,
+            config_path,
+            checkpoint_dir,
+            trial_id,
+            experiment_run_key,
         )
         with platform as services:
             store = services.checkpoint_store if services else _store(raw, checkpoint_dir)

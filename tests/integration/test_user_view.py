@@ -73,85 +73,25 @@ def plotly_traces(html: str) -> list[dict]:
     return list(traces)
 
 
-def test_run_shows_winner_system_metrics_and_plots(stack, tmp_path):
-    from registry.models import _parent_run
-    from registry.tracking import client_for
+def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(stack, tmp_path):
+    """Two trials of one experiment run (as the flow runs them: `det-tasks run` with
+    --experiment-run), then the registry's end of the experiment run, as the flow calls it."""
+    from registry.s3 import client as s3_client
+    from registry.services import finish_experiment
+    from registry.tracking import ExperimentRuns, client_for
 
     name = f"ux-{uuid.uuid4().hex[:6]}"
-    proc = run_xor_trial(
-        name,
-        60,
-        platform_env(),
-        FLOW_MODEL,
-        *QUICK,
-        "--param",
-        "description=XOR, as a user sees it",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Found credentials" not in proc.stderr
-    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name(name)
-    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert experiment.tags["mlflow.note.content"] == "XOR, as a user sees it"
-
-    parent = _parent_run(client, name)
-    (trial,) = client.search_runs(
-        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
-    )
-    summary = json.loads(proc.stdout)
-    link = f"#/experiments/{experiment.experiment_id}/runs/{trial.info.run_id}"
-    assert summary["mlflow_run"].endswith(link)
-    assert f"MLflow run: {summary['mlflow_run']}" in proc.stderr
-
-    # The winner on the parent run: metric at its step, hparams, best checkpoint.
-    history = client.get_metric_history(trial.info.run_id, "validation/validation_loss")
-    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [20, 40, 60]
-    best = min(history, key=lambda m: (m.value, m.step))
-    tags = parent.data.tags
-    assert tags["det.best.trial_id"] == "1"
-    assert tags["det.best.run_id"] == trial.info.run_id
-    assert tags["det.best.step"] == str(best.step)
-    assert tags["det.best.hp.learning_rate"] == "0.1" and tags["det.best.hp.hidden"] == "6"
-    assert parent.data.metrics["validation/validation_loss"] == pytest.approx(best.value)
-    records = [json.loads(v) for k, v in trial.data.tags.items() if k.startswith("det.checkpoint.")]
-    best_record = min(records, key=lambda r: r["validation_metrics"]["validation_loss"])
-    assert tags["det.best.checkpoint"] == best_record["uri"]
-
-    # System metrics on the trial run (MLflow's sampler, every 0.3 s here).
-    metrics = trial.data.metrics
-    for key in (
-        "system/cpu_utilization_percentage",
-        "system/system_memory_usage_megabytes",
-        "system/disk_usage_percentage",
-        "system/network_receive_megabytes",
-    ):
-        assert key in metrics, sorted(metrics)
-
-    # The PNG stays; the interactive page is there and holds every trial's curve.
-    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"learning_curves.png", "experiment.html"} <= artifacts
-    page = Path(client.download_artifacts(parent.info.run_id, "experiment.html", str(tmp_path)))
-    traces = plotly_traces(page.read_text())
-    curve = next(t for t in traces if t.get("name") == "trial-1")
-    assert curve["x"] == [20, 40, 60]
-    assert len(traces) == 1 + 4  # the curve, then one scatter per hyperparameter
-
-    # metadata.json carries the real trial id.
-    fetched = det_tasks("download", best_record["uri"], str(tmp_path / "ckpt"))
-    assert fetched.returncode == 0, fetched.stderr
-    assert json.loads((tmp_path / "ckpt" / "metadata.json").read_text())["trial_id"] == "1"
-
-
-def test_checkpoints_listing_is_best_first(stack):
-    name = f"ux-list-{uuid.uuid4().hex[:6]}"
     key = uuid.uuid4().hex
-    for trial_id, lr in (("1", "0.5"), ("2", "0.02")):
+    summaries = {}
+    for trial_id, lr in (("1", "0.02"), ("2", "0.5")):
         proc = run_xor_trial(
             name,
             60,
             platform_env(),
             FLOW_MODEL,
             *QUICK,
+            "--param",
+            "description=XOR, as a user sees it",
             "--experiment-run",
             key,
             "--trial-id",
@@ -160,12 +100,85 @@ def test_checkpoints_listing_is_best_first(stack):
             f"hyperparameters.learning_rate={lr}",
         )
         assert proc.returncode == 0, proc.stderr
+        assert "Found credentials" not in proc.stderr
+        summaries[trial_id] = json.loads(proc.stdout)
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name(name)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.tags["mlflow.note.content"] == "XOR, as a user sees it"
+
+    raw = {"searcher": {"metric": "validation_loss", "smaller_is_better": True}}
+    runs = ExperimentRuns(client, name, key, raw)
+    finish_experiment(runs, s3_client(os.environ["MLFLOW_S3_ENDPOINT_URL"]))
+    parent = client.get_run(runs.parent_run_id)
+    trials = {
+        r.data.tags["det.trial_id"]: r
+        for r in client.search_runs(
+            [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+        )
+    }
+    for trial_id, trial in trials.items():
+        link = f"#/experiments/{experiment.experiment_id}/runs/{trial.info.run_id}"
+        assert summaries[trial_id]["mlflow_run"].endswith(link)
+
+    # The winner on the parent run: metric at its step, hparams, best checkpoint.
+    scored = [
+        (m.value, m.step, trial_id)
+        for trial_id, trial in trials.items()
+        for m in client.get_metric_history(trial.info.run_id, "validation/validation_loss")
+    ]
+    value, step, winner = min(scored)
+    tags = parent.data.tags
+    assert tags["det.best.trial_id"] == winner
+    assert tags["det.best.run_id"] == trials[winner].info.run_id
+    assert tags["det.best.step"] == str(step)
+    lr = {"1": "0.02", "2": "0.5"}[winner]
+    assert tags["det.best.hp.learning_rate"] == lr and tags["det.best.hp.hidden"] == "6"
+    assert parent.data.metrics["validation/validation_loss"] == pytest.approx(value)
+    records = [
+        json.loads(v)
+        for trial in trials.values()
+        for k, v in trial.data.tags.items()
+        if k.startswith("det.checkpoint.")
+    ]
+    best_record = min(records, key=lambda r: r["validation_metrics"]["validation_loss"])
+    assert tags["det.best.checkpoint"] == best_record["uri"]
+
+    # System metrics on the trial runs (MLflow's sampler, every 0.3 s here).
+    for trial in trials.values():
+        metrics = trial.data.metrics
+        for key_ in (
+            "system/cpu_utilization_percentage",
+            "system/system_memory_usage_megabytes",
+            "system/disk_usage_percentage",
+            "system/network_receive_megabytes",
+        ):
+            assert key_ in metrics, sorted(metrics)
+
+    # The PNG stays; the interactive page is there and holds every trial's curve.
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"learning_curves.png", "experiment.html"} <= artifacts
+    page = Path(client.download_artifacts(parent.info.run_id, "experiment.html", str(tmp_path)))
+    traces = plotly_traces(page.read_text())
+    assert [t["x"] for t in traces if t.get("name") in ("trial-1", "trial-2")] == [
+        [20, 40, 60],
+        [20, 40, 60],
+    ]
+    scatter = next(t for t in traces if t.get("name") == "learning_rate")
+    assert sorted(scatter["x"]) == [0.02, 0.5]
+
+    # `det-tasks checkpoints` lists them best first.
     listing = det_tasks("checkpoints", name)
     assert listing.returncode == 0, listing.stderr
     rows = [line.split() for line in listing.stdout.splitlines()[2:]]
     assert {r[0] for r in rows} == {"trial-1", "trial-2"} and len(rows) == 6
     values = [float(r[2]) for r in rows]
-    assert values == sorted(values), listing.stdout
+    assert values == sorted(values) and values[0] == pytest.approx(value), listing.stdout
+
+    # metadata.json carries the real trial id.
+    fetched = det_tasks("download", best_record["uri"], str(tmp_path / "ckpt"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads((tmp_path / "ckpt" / "metadata.json").read_text())["trial_id"] == winner
 
 
 def test_failures_before_training_leave_no_runs(stack, tmp_path):

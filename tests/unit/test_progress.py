@@ -37,7 +37,7 @@ def test_run_trial_prints_total_and_eta(tmp_path, capsys, monkeypatch):
     result = run_trial(
         FLOW_MODEL / "killable.yaml",
         FLOW_MODEL,
-        overrides=["hyperparameters.sleep_s=0", "checkpoint_storage.type=shared_fs"],
+        overrides=["hyperparameters.sleep_s=0"],
         max_batches=30,
         checkpoint_dir=tmp_path,
     )

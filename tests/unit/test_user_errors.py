@@ -93,9 +93,9 @@ def test_syntax_error_in_model_def_names_file_and_line(tmp_path, capsys, monkeyp
 def test_help_is_plain_text_and_hides_the_flow_only_flags():
     top = _parser().format_help()
     assert "``" not in top and ":class:" not in top
-    run = next(
-        a for a in _parser()._subparsers._group_actions[0].choices.items() if a[0] == "run"
-    )[1].format_help()
+    run = next(a for a in _parser()._subparsers._group_actions[0].choices.items() if a[0] == "run")[
+        1
+    ].format_help()
     for internal in ("--hparams", "--trial-id", "--experiment-run", "--summary-file"):
         assert internal not in run
     assert "--max-batches" in run  # a flag for people stays

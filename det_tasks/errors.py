@@ -4,7 +4,18 @@ The CLI prints these as one paragraph without a traceback; anything else is a bu
 the harness and keeps its traceback.
 """
 
-__all__ = ["CheckpointError", "ConfigError", "DetTasksError", "TrialError"]
+__all__ = [
+    "EXIT_INVALID_HP",
+    "CheckpointError",
+    "ConfigError",
+    "DetTasksError",
+    "InvalidHP",
+    "TrialError",
+]
+
+# `det-tasks run`'s exit code when the trial rejected its hyperparameters (det.InvalidHP):
+# not a failure to retry, but a trial for the searcher to drop (and replace).
+EXIT_INVALID_HP = 3
 
 
 class DetTasksError(Exception):
@@ -21,3 +32,8 @@ class TrialError(DetTasksError):
 
 class CheckpointError(DetTasksError):
     """A checkpoint is missing, truncated, corrupted or from an unknown format."""
+
+
+class InvalidHP(Exception):
+    """``det.InvalidHP``: raised by a trial to reject its hyperparameters; the searcher
+    drops the trial (random and adaptive_asha propose a replacement)."""

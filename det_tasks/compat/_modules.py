@@ -8,14 +8,11 @@ from typing import Any
 from det_tasks import launch, pytorch
 from det_tasks.compat import _module, _names
 from det_tasks.distributed import DistributedContext
+from det_tasks.errors import InvalidHP
 from det_tasks.pytorch import samplers
 from det_tasks.pytorch._units import Batch, Epoch
 
 __all__ = ["InvalidHP", "TorchWriter", "build"]
-
-
-class InvalidHP(Exception):
-    """Raised by a trial to reject its hyperparameters (the searcher then drops the trial)."""
 
 
 class TorchWriter:

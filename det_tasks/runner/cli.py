@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from det_tasks import plugins
-from det_tasks.errors import ConfigError, DetTasksError
+from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
 
 __all__ = ["main"]
 
@@ -118,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = _user_code_location(err)
         print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr)
         return 1
+    except InvalidHP as err:
+        return _report_invalid_hp(args, err)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -175,6 +177,19 @@ def _user_code_location(err: BaseException) -> str | None:
             found = f"{shown}:{tb.tb_lineno}"
         tb = tb.tb_next
     return found
+
+
+def _report_invalid_hp(args: argparse.Namespace, err: InvalidHP) -> int:
+    """The trial rejected its hyperparameters: say so, and leave a summary the searcher reads
+    (``invalid_hp``) so it drops the trial instead of retrying it."""
+    from det_tasks.runner import launcher
+
+    print(f"invalid hyperparameters: {err or type(err).__name__}; the searcher drops this trial",
+          file=sys.stderr)  # fmt: skip
+    if launcher.worker_rank() == 0 and getattr(args, "summary_file", None):
+        summary = {"invalid_hp": str(err), "hparams": args.hparams and json.loads(args.hparams)}
+        Path(args.summary_file).write_text(json.dumps(summary, indent=2, default=str))
+    return EXIT_INVALID_HP
 
 
 if __name__ == "__main__":

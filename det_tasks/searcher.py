@@ -115,6 +115,10 @@ class AshaSearcher(Searcher):
     Rung k trains to ``max_batches / divisor**(rungs-1-k)``; a trial finishing rung k is
     promoted when it is in the top ``1/divisor`` of the trials that have finished rung k;
     otherwise a new trial starts (until max_trials) and the trial stops there.
+
+    ``stop_once`` (Determined's stopping variant): each trial is judged once, when it
+    finishes a rung: it goes on if it ranks within the top ``max(n // divisor, 1)`` of the
+    n results recorded at that rung so far (itself included), and is never promoted later.
     """
 
     def __init__(
@@ -126,7 +130,9 @@ class AshaSearcher(Searcher):
         divisor: float,
         max_rungs: int,
         smaller_is_better: bool,
+        stop_once: bool = False,
     ) -> None:
+        self.stop_once = stop_once
         rungs = max(1, min(max_rungs, int(math.log(max(max_batches, 1), divisor)) + 1))
         self.budgets = [
             max(1, round(max_batches / divisor ** (rungs - 1 - k))) for k in range(rungs)
@@ -160,6 +166,8 @@ class AshaSearcher(Searcher):
         if rung is None or rung == len(self.budgets) - 1:
             return []
         self.rung_results[rung][trial_id] = metric
+        if self.stop_once:
+            return self._continue_or_stop(rung, trial_id, metric)
         ranked = sorted(
             self.rung_results[rung].items(), key=lambda kv: kv[1] if self.smaller else -kv[1]
         )
@@ -169,6 +177,14 @@ class AshaSearcher(Searcher):
             self.promoted[rung].add(candidate)
             out.append(Work(candidate, self.created[candidate], self.budgets[rung + 1]))
         return out
+
+    def _continue_or_stop(self, rung: int, trial_id: int, metric: float) -> list[Work]:
+        others = [m for t, m in self.rung_results[rung].items() if t != trial_id]
+        better = sum(1 for m in others if (m < metric if self.smaller else m > metric))
+        if better >= max(int(len(self.rung_results[rung]) // self.divisor), 1):
+            return []
+        self.promoted[rung].add(trial_id)
+        return [Work(trial_id, self.created[trial_id], self.budgets[rung + 1])]
 
     def report_invalid(self, trial_id: int) -> list[Work]:
         """Drop the trial from every rung and start a replacement trial at rung 0."""
@@ -255,7 +271,14 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
                 )
             max_batches = length.value
         return AshaSearcher(
-            space, seed, max_batches, s.max_trials, s.divisor, s.max_rungs, s.smaller_is_better
+            space,
+            seed,
+            max_batches,
+            s.max_trials,
+            s.divisor,
+            s.max_rungs,
+            s.smaller_is_better,
+            stop_once=s.stop_once,
         )
     raise ConfigError(
         f"searcher.name {s.name!r} is not supported by det-tasks flows; use "

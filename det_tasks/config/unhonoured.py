@@ -15,11 +15,6 @@ class UnhonouredFieldWarning(UserWarning):
 
 
 _SEARCHER = {
-    "stop_once": (
-        "det-tasks runs ASHA's promote-later variant: a trial that stopped at a rung may be "
-        "promoted when later trials finish it (Determined's stop_once: false); stop_once: true "
-        "is not implemented"
-    ),
     "bracket_rungs": (
         "det-tasks runs one ASHA bracket whose rung count comes from max_rungs and divisor; "
         "set max_rungs instead"

@@ -112,3 +112,19 @@ def test_asha_drops_invalid_trial_from_rungs_and_starts_a_replacement():
     again = make_searcher(_config("adaptive_asha", max_trials=4, max_rungs=3))
     again.load(state)
     assert again.invalid == {2} and again.finished() >= {2}
+
+
+def test_asha_stop_once_judges_each_trial_once_when_it_finishes_a_rung():
+    searcher = make_searcher(_config("adaptive_asha", max_trials=6, max_rungs=3, stop_once=True))
+    assert isinstance(searcher, AshaSearcher) and searcher.stop_once
+    searcher.start()
+    # n results at rung 0 let max(n // 4, 1) continue: the first always goes on...
+    assert [(w.trial_id, w.batches) for w in searcher.report(1, 4, 0.5)] == [(1, 16)]
+    # ...a worse second (1 better of 2, allowance 1) stops, a better third goes on.
+    assert searcher.report(2, 4, 0.9) == []
+    assert [w.trial_id for w in searcher.report(3, 4, 0.1)] == [3]
+    # At 4 results the allowance is still 1: second-best stops.
+    assert searcher.report(4, 4, 0.2) == []
+    # A later, even better result promotes nobody retroactively (trial 2 stays stopped).
+    assert [w.trial_id for w in searcher.report(5, 4, 0.05)] == [5]
+    assert searcher.promoted[0] == {1, 3, 5}

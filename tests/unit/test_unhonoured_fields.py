@@ -39,7 +39,6 @@ def _warnings_for(**sections: dict) -> list[str]:
 @pytest.mark.parametrize(
     ("section", "field", "value"),
     [
-        ("searcher", "stop_once", True),
         ("searcher", "bracket_rungs", [3, 2]),
         ("resources", "max_slots", 8),
         ("resources", "priority", 10),

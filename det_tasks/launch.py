@@ -51,6 +51,11 @@ class ClusterInfo:
     latest_checkpoint: str | None
     checkpoint_dir: str
     model_dir: str | None = None
+    # How long the searcher wants this trial trained ({"batches": N} or {"epochs": N}):
+    # it overrides the script's own fit(max_length=...), as Determined's searcher did on a
+    # cluster. None: the script decides. test_mode: `det-tasks run --test`.
+    searcher_length: dict[str, int] | None = None
+    test_mode: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=str)

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
+from det_tasks.errors import ConfigError
 
 __all__ = [
     "CheckpointStorageConfig",
@@ -214,13 +215,27 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"hyperparameters.global_batch_size must be a positive integer, got {gbs.val!r}"
             )
-        no_length = self.searcher.max_length is None and self.searcher.max_steps is None
-        if no_length and (self.searcher.name != "adaptive_asha" or self.searcher.max_time is None):
+        # A Trainer-API script says how long it trains in fit(max_length=...), so it needs
+        # no searcher length (Determined accepts such a config); a trial class and ASHA's
+        # rungs do.
+        needs_length = self.is_trial_class_entrypoint or self.searcher.name == "adaptive_asha"
+        if needs_length and not self.has_max_length:
             raise ValueError(
                 "searcher.max_length is missing: say how long to train, "
                 "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
+                + (" (or time_metric + max_time)" if self.searcher.name == "adaptive_asha" else "")
             )
         return self
+
+    @property
+    def has_max_length(self) -> bool:
+        """Whether the searcher says how long trials train (else a script's fit() does)."""
+        s = self.searcher
+        return (
+            s.max_length is not None
+            or s.max_steps is not None
+            or (s.name == "adaptive_asha" and s.max_time is not None)
+        )
 
     @property
     def is_trial_class_entrypoint(self) -> bool:
@@ -233,6 +248,12 @@ class ExperimentConfig(_Strict):
     @property
     def max_length(self) -> Length:
         """The searcher's length, with the deprecated ``max_steps`` translated to batches."""
+        if not self.has_max_length:
+            raise ConfigError(
+                "searcher.max_length is not set: this script's own fit(max_length=...) "
+                "decides how long it trains; set searcher.max_length to have the searcher "
+                "decide"
+            )
         if self.searcher.max_length is not None:
             return self.searcher.max_length
         if self.searcher.max_steps is not None:

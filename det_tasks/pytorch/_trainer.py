@@ -240,8 +240,11 @@ class Trainer:
         ctx = self._context
         conf = ctx._settings.exp_conf or {}
         searcher = conf.get("searcher") or {}
+        info = launch.get_cluster_info()
+        if info is not None and info.test_mode:
+            test_mode = True  # `det-tasks run --test` of a script
         options = FitOptions(
-            max_length=self._resolve_max_length(max_length, conf),
+            max_length=self._resolve_max_length(max_length, conf, info),
             checkpoint_period=_unit_or_none("checkpoint_period", checkpoint_period),
             validation_period=_unit_or_none("validation_period", validation_period),
             reporting_period=_unit_or_none("reporting_period", reporting_period) or Batch(100),
@@ -283,24 +286,48 @@ class Trainer:
         )
 
     @staticmethod
-    def _resolve_max_length(max_length: TrainUnit | None, conf: dict[str, Any]) -> TrainUnit:
+    def _resolve_max_length(
+        max_length: TrainUnit | None, conf: dict[str, Any], info: launch.ClusterInfo | None
+    ) -> TrainUnit:
         if max_length is not None:
             unit = _unit_or_none("max_length", max_length)
             assert unit is not None
             if not isinstance(unit.value, int):
                 raise ValueError(f"max_length must be a single count, got {unit!r}")
-            return unit
+        governing = _searcher_length(info)
+        if governing is not None:
+            # Under a searcher (`det-tasks run`, a flow's segment, an ASHA rung) its length
+            # governs, as Determined ignores max_length on a cluster.
+            if max_length is not None and max_length != governing:
+                warnings.warn(
+                    f"fit(max_length={max_length!r}) is overridden by the searcher's length "
+                    f"{governing!r} (searcher.max_length, an ASHA rung or --max-batches)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return governing
+        if max_length is not None:
+            return max_length
         if conf.get("searcher"):
             try:
                 config = ExperimentConfig.model_validate(conf)
             except Exception as err:
                 raise ConfigError(f"exp_conf is not a valid experiment config: {err}") from None
+        if conf.get("searcher") and config.has_max_length:
             gbs = conf.get("hyperparameters", {}).get("global_batch_size")
             return length_to_unit(config.max_length, gbs if isinstance(gbs, int) else None)
         raise ValueError(
             "fit() needs max_length for local training, e.g. max_length=pytorch.Epoch(1) or "
             "pytorch.Batch(1000) (or pass exp_conf with searcher.max_length to init())"
         )
+
+
+def _searcher_length(info: launch.ClusterInfo | None) -> TrainUnit | None:
+    length = info.searcher_length if info is not None else None
+    if not length:
+        return None
+    ((unit, value),) = length.items()
+    return Epoch(value) if unit == "epochs" else Batch(value)
 
 
 def _unit_or_none(name: str, value: Any) -> TrainUnit | None:

@@ -104,7 +104,9 @@ def run_trial(
             config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
         )
     gbs = hparams.get("global_batch_size")
-    max_length = Batch(max_batches) if max_batches else _unit(config, config.max_length, gbs)
+    max_length: TrainUnit | None = Batch(max_batches) if max_batches else None
+    if max_length is None and config.has_max_length:
+        max_length = _unit(config, config.max_length, gbs)
     with model_dir_on_path(model_dir):
         # The entrypoint loads before any MLflow run exists: a wrong class or script name
         # leaves nothing behind.
@@ -137,8 +139,9 @@ def run_trial(
             try:
                 with scope:
                     if isinstance(entry, Path):
-                        result = _run_script(run, entry)
+                        result = _run_script(run, entry, max_length, test_mode)
                     else:
+                        assert max_length is not None  # the config requires one for a class
                         result = _fit_trial_class(run, entry, max_length, test_mode)
             finally:
                 sink.close()
@@ -238,8 +241,13 @@ def _fit_trial_class(
     return result.batches_trained, result.checkpoint_uuid, result.validation_metrics
 
 
-def _run_script(run: _RunInputs, path: Path) -> tuple[int, str | None, dict[str, Any] | None]:
-    """A Trainer-API script, run in this process as ``__main__`` with cluster info set."""
+def _run_script(
+    run: _RunInputs, path: Path, max_length: TrainUnit | None = None, test_mode: bool = False
+) -> tuple[int, str | None, dict[str, Any] | None]:
+    """A Trainer-API script, run in this process as ``__main__`` with cluster info set.
+
+    ``max_length`` (the searcher's length, a rung's or ``--max-batches``) and ``test_mode``
+    travel in the cluster info and override the script's own fit() arguments."""
     from det_tasks import compat
 
     _, args = parse_script_command(run.config.entrypoint)
@@ -255,6 +263,8 @@ def _run_script(run: _RunInputs, path: Path) -> tuple[int, str | None, dict[str,
         latest_checkpoint=run.latest,
         checkpoint_dir=str(getattr(run.store, "root", "checkpoints")),
         model_dir=str(run.model_dir.resolve()),
+        searcher_length=_length_dict(max_length),
+        test_mode=test_mode,
     )
     sink, store = run.sink, run.store
     memory = next(s for s in getattr(sink, "sinks", [sink]) if isinstance(s, InMemoryMetricsSink))
@@ -275,6 +285,13 @@ def _run_script(run: _RunInputs, path: Path) -> tuple[int, str | None, dict[str,
     uuid = memory.checkpoints[-1].uuid if memory.checkpoints else None
     validation = memory.validation[-1][1] if memory.validation else None
     return steps, uuid, validation
+
+
+def _length_dict(length: TrainUnit | None) -> dict[str, int] | None:
+    if length is None:
+        return None
+    assert isinstance(length.value, int)
+    return {"epochs" if isinstance(length, Epoch) else "batches": length.value}
 
 
 def _store(raw: dict[str, Any], checkpoint_dir: str | Path | None) -> CheckpointStore:

@@ -127,7 +127,7 @@ def test_a_trial_class_still_needs_a_length():
         "hyperparameters": {"global_batch_size": 4},
         "searcher": {"name": "single", "metric": "loss"},
     }
-    with pytest.raises(ConfigError, match="searcher.max_length is missing"):
+    with pytest.raises(ConfigError, match=r"searcher\.max_length is missing"):
         parse_config(raw, source="const.yaml")
     raw["entrypoint"] = "python3 train.py"
     assert not parse_config(raw, source="const.yaml").has_max_length

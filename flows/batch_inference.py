@@ -177,7 +177,10 @@ def _run_script_job(
     output = output or f"s3://{settings.bucket or 'det-tasks'}/jobs/{job_id}"
     model_dir = fetch_package(package)
     try:
-        result = run_job_script(str(model_dir), script, config, job_id, output)
+        # A failed attempt (a killed rank) is retried; torch_batch_process resumes from the
+        # job's progress checkpoints, so finished batches are not processed again.
+        attempt = run_job_script.with_options(retries=int(config.get("max_restarts") or 0))
+        result = attempt(str(model_dir), script, config, job_id, output)
     finally:
         shutil.rmtree(model_dir.parent, ignore_errors=True)
     get_run_logger().info("job %s wrote %d files under %s", job_id, len(result["files"]), output)

@@ -15,7 +15,10 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from det_tasks import launch
+from det_tasks.pytorch.experimental._job_services import JOB_ID_ENV, JOB_OUTPUT_ENV
+from det_tasks.runner import launcher
 from det_tasks.runner.entrypoint import parse_script_command
+from det_tasks.runner.launch_layer import parse_launch_layer
 from registry import s3 as s3_lib
 from registry.settings import RegistrySettings
 
@@ -31,6 +34,8 @@ def run_job_script(
     """Run ``script`` to completion; returns the S3 URIs of the files it wrote."""
     logger = get_run_logger()
     path, args = parse_script_command(script)
+    layer = parse_launch_layer(script)
+    slots = int((config.get("resources") or {}).get("slots_per_trial", 1))
     info = launch.ClusterInfo(
         trial=launch.TrialInfo(
             trial_id=job_id, experiment_id=job_id, hparams={}, config=config, trial_seed=0
@@ -44,9 +49,22 @@ def run_job_script(
         info_file.write_text(info.to_json(), encoding="utf-8")
         out_dir = Path(scratch) / "output"
         out_dir.mkdir()
-        env = {**os.environ, launch.ENV_VAR: str(info_file), OUTPUT_DIR_ENV: str(out_dir)}
+        env = {
+            **os.environ,
+            launch.ENV_VAR: str(info_file),
+            OUTPUT_DIR_ENV: str(out_dir),
+            JOB_ID_ENV: job_id,
+            JOB_OUTPUT_ENV: output,
+        }
         argv = [sys.executable, "-m", "det_tasks.runner.script", str(path), *args]
-        logger.info("running %s in %s", " ".join(argv[3:]), model_dir)
+        if slots > 1 or layer.backend is not None:  # one process per slot, Determined's way
+            backend = launcher.resolve_backend(
+                layer.backend
+                or str((config.get("resources") or {}).get("distributed_backend", "auto"))
+            )
+            env = {**launcher.worker_env(slots, backend), **env}
+            argv = launcher.launch_command(slots, backend, argv[1:], layer.overrides)
+        logger.info("running %s in %s (%d slot(s))", script, model_dir, slots)
         proc = subprocess.run(argv, cwd=model_dir, env=env, capture_output=True, text=True)
         for line in (proc.stdout + proc.stderr).splitlines()[-200:]:
             logger.info("%s", line)

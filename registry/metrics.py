@@ -95,6 +95,10 @@ class MlflowMetricsSink:
     def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
         self._enqueue("profiling", steps_completed, timings_ms)
 
+    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Any group (``group/name`` keys): Determined's ``core.train.report_metrics``."""
+        self._enqueue(group, steps_completed, metrics)
+
     def _enqueue(self, group: str, step: int, metrics: dict[str, Any]) -> None:
         # O(1) on the training thread: MLflow entities are built on the sender thread.
         with self._state_lock:

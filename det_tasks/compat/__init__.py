@@ -41,8 +41,9 @@ class _Refuser(importlib.abc.MetaPathFinder):
         if fullname.startswith(_PREFIX + ".") and is_installed() and fullname not in sys.modules:
             raise ImportError(
                 f"{fullname} is not provided by det_tasks' Determined compatibility layer; "
-                "it serves determined, determined.pytorch (+ samplers), determined.core "
-                "(DistributedContext), determined.tensorboard.metric_writers.pytorch"
+                "it serves determined, determined.pytorch (+ samplers, experimental), "
+                "determined.core (DistributedContext), "
+                "determined.tensorboard.metric_writers.pytorch"
             )
         return None
 

@@ -9,7 +9,7 @@ from det_tasks import launch, pytorch
 from det_tasks.compat import _module, _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
-from det_tasks.pytorch import samplers
+from det_tasks.pytorch import experimental, samplers
 from det_tasks.pytorch._units import Batch, Epoch
 
 __all__ = ["InvalidHP", "TorchWriter", "build"]
@@ -50,6 +50,11 @@ def build() -> dict[str, types.ModuleType]:
         samplers.__doc__ or "",
         **{name: getattr(samplers, name) for name in samplers.__all__},
     )
+    det_pytorch.experimental = _module(  # type: ignore[attr-defined]
+        "determined.pytorch.experimental",
+        experimental.__doc__ or "",
+        **{name: getattr(experimental, name) for name in experimental.__all__},
+    )
     core = _module(
         "determined.core", "Core API subset", DistributedContext=DistributedContext, init=_core_init
     )
@@ -87,6 +92,7 @@ def build() -> dict[str, types.ModuleType]:
         "determined.errors": errors,
         "determined.pytorch": det_pytorch,
         "determined.pytorch.samplers": det_pytorch.samplers,  # type: ignore[attr-defined]
+        "determined.pytorch.experimental": det_pytorch.experimental,  # type: ignore[attr-defined]
         "determined.core": core,
         "determined.tensorboard": tensorboard,
         "determined.tensorboard.metric_writers": writers,

@@ -91,15 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(Path(args.config), args.model_dir)
         from det_tasks.runner import launcher
+        from det_tasks.runner.launch_layer import parse_launch_layer
         from det_tasks.runner.local import load_raw_config, run_trial
 
         if not launcher.inside_worker_group():
             _, config = load_raw_config(Path(args.config), args.param)
             slots = config.resources.slots_per_trial
-            if slots > 1:
-                backend = launcher.resolve_backend(config.resources.distributed_backend)
-                argv_ = list(sys.argv[1:] if argv is None else argv)
-                return launcher.run_workers(slots, backend, ["-m", "det_tasks.runner.cli", *argv_])
+            layer = parse_launch_layer(config.entrypoint)
+            if slots > 1 or layer.backend is not None:
+                backend = launcher.resolve_backend(
+                    layer.backend or config.resources.distributed_backend
+                )
+                argv_ = ["-m", "det_tasks.runner.cli", *(sys.argv[1:] if argv is None else argv)]
+                return launcher.run_workers(slots, backend, argv_, layer.overrides)
         result = run_trial(
             args.config,
             args.model_dir,

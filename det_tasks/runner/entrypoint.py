@@ -6,7 +6,6 @@ import contextlib
 import importlib
 import inspect
 import os
-import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,8 +82,19 @@ def model_dir_on_path(model_dir: Path) -> Iterator[Path]:
 
 
 def parse_script_command(entrypoint: str | list[str]) -> tuple[Path, list[str]]:
-    """``python3 train.py --epochs 1`` -> (train.py, ["--epochs", "1"])."""
-    argv = shlex.split(entrypoint) if isinstance(entrypoint, str) else list(entrypoint)
+    """``python3 train.py --epochs 1`` -> (train.py, ["--epochs", "1"]).
+
+    A Determined launch layer in front (``python3 -m determined.launch.torch_distributed
+    python3 train.py``) is stripped: the caller starts the workers (``launch_layer``)."""
+    from det_tasks.runner.launch_layer import parse_launch_layer
+
+    layer = parse_launch_layer(entrypoint)
+    if layer.trial is not None:
+        raise ConfigError(
+            f"entrypoint {entrypoint!r} launches the trial class {layer.trial!r}, not a script; "
+            f"use `entrypoint: {layer.trial}`"
+        )
+    argv = list(layer.script)
     if len(argv) >= 2 and Path(argv[0]).name.startswith("python") and argv[1].endswith(".py"):
         return Path(argv[1]), argv[2:]
     if argv and argv[0].endswith(".py"):

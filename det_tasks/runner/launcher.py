@@ -26,7 +26,13 @@ import psutil
 
 from det_tasks.errors import ConfigError
 
-__all__ = ["inside_worker_group", "launch_command", "resolve_backend", "run_workers"]
+__all__ = [
+    "inside_worker_group",
+    "launch_command",
+    "resolve_backend",
+    "run_workers",
+    "worker_env",
+]
 
 
 def inside_worker_group() -> bool:
@@ -55,8 +61,13 @@ def _threads_per_worker(slots: int) -> int:
     return max((os.cpu_count() or 1) // slots, 1)
 
 
-def launch_command(slots: int, backend: str, worker_argv: Sequence[str]) -> list[str]:
-    """The launcher command line that runs ``worker_argv`` (a Python module call) N times."""
+def launch_command(
+    slots: int, backend: str, worker_argv: Sequence[str], overrides: Sequence[str] = ()
+) -> list[str]:
+    """The launcher command line that runs ``worker_argv`` (a Python module call) N times.
+
+    ``overrides`` (from a Determined launch layer's ``OVERRIDES... --``) come after our
+    options, so torchrun's/horovodrun's last-one-wins parsing lets them replace ours."""
     python = [sys.executable, *worker_argv]
     if backend == "torch":
         nnodes = os.environ.get("DET_TASKS_NNODES", "1")
@@ -72,28 +83,35 @@ def launch_command(slots: int, backend: str, worker_argv: Sequence[str]) -> list
         return [
             sys.executable, "-m", "torch.distributed.run", *placement,
             "--nproc-per-node", str(slots), "--tee", "3", "--role", "rank",
-            "--max-restarts", "0", "--no-python", *python,
+            "--max-restarts", "0", *overrides, "--no-python", *python,
         ]  # fmt: skip
     horovodrun = shutil.which("horovodrun") or os.path.join(
         os.path.dirname(sys.executable), "horovodrun"
     )
     hosts = os.environ.get("DET_TASKS_HOSTS")
     placement = ["-H", hosts] if hosts else []
-    return [horovodrun, "-np", str(slots), *placement, "--gloo", *python]
+    return [horovodrun, "-np", str(slots), *placement, "--gloo", *overrides, *python]
 
 
-def run_workers(slots: int, backend: str, worker_argv: Sequence[str]) -> int:
+def worker_env(slots: int, backend: str) -> dict[str, str]:
+    """The environment the workers start with: threads split across them, the backend."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(slots)))
+    env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
+    return env
+
+
+def run_workers(
+    slots: int, backend: str, worker_argv: Sequence[str], overrides: Sequence[str] = ()
+) -> int:
     """Run the workers to completion; returns the launcher's exit code (0 = every rank ok).
 
     Whatever ends this call (the workers, SIGTERM/SIGINT to this process, an exception)
     ends every worker too: horovodrun starts each rank in a process group of its own, so
     the whole process tree is collected first and stopped, not just one group.
     """
-    command = launch_command(slots, backend, worker_argv)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(slots)))
-    env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    command = launch_command(slots, backend, worker_argv, overrides)
+    proc = subprocess.Popen(command, env=worker_env(slots, backend), start_new_session=True)
     restore = _raise_on_termination()
     try:
         return proc.wait()

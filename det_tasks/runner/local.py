@@ -27,6 +27,7 @@ from det_tasks.runner.entrypoint import (
     model_dir_on_path,
     parse_script_command,
 )
+from det_tasks.runner.launch_layer import parse_launch_layer
 from det_tasks.runner.progress import ProgressSink
 from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
@@ -200,6 +201,9 @@ def load_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
     if config.is_trial_class_entrypoint:
         assert isinstance(config.entrypoint, str)
         return load_trial_class(config.entrypoint, model_dir)
+    launched_trial = parse_launch_layer(config.entrypoint).trial
+    if launched_trial is not None:  # `python3 -m determined.launch.X --trial model_def:Trial`
+        return load_trial_class(launched_trial, model_dir)
     script, _ = parse_script_command(config.entrypoint)
     path = (model_dir / script).resolve()
     if not path.is_file():

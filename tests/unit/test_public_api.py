@@ -148,3 +148,37 @@ def test_determined_alias():
     assert determined.get_cluster_info() is None
     assert determined.pytorch.samplers.DistributedBatchSampler is not None
     assert {"Batches", "Epochs", "core", "InvalidHP"} <= set(vars(determined))
+
+
+BATCH_CONTEXT_METHODS = {
+    "get_distributed_rank",
+    "get_distributed_size",
+    "get_hparams",
+    "get_tensorboard_path",
+    "prepare_model_for_inference",
+    "report_metrics",
+    "report_task_using_checkpoint",
+    "report_task_using_model_version",
+    "run_cross_slot_reduction",
+    "to_device",
+    "upload_path",
+    "wrap_reducer",
+}
+
+
+def test_batch_processing_api():
+    from det_tasks.pytorch import experimental
+
+    assert set(experimental.__all__) == {
+        "BatchJobServices",
+        "LocalJobServices",
+        "TorchBatchProcessor",
+        "TorchBatchProcessorContext",
+        "torch_batch_process",
+    }
+    assert public(experimental.TorchBatchProcessorContext) == BATCH_CONTEXT_METHODS
+    assert public(experimental.TorchBatchProcessor) == {
+        "process_batch",
+        "on_checkpoint_start",
+        "on_finish",
+    }

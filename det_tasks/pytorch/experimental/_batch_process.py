@@ -116,11 +116,14 @@ class _Progress:
         return int(meta["steps_completed"]), meta["default_output_uuid"]
 
     def save(self, steps_completed: int, output_uuid: str) -> None:
-        """Gather every rank's count; the chief checkpoints the minimum."""
+        """Gather every rank's count; the chief checkpoints the minimum. No rank moves on
+        before it is stored, so a rank killed right after still finds its batches counted."""
         counts = self.dist.gather(steps_completed)
-        if counts is None:
-            return
-        done = min(counts)
+        if counts is not None:
+            self._store(min(counts), output_uuid)
+        self.dist.broadcast(None)
+
+    def _store(self, done: int, output_uuid: str) -> None:
         store = self.services.checkpoint_store
         staged = store.stage()
         (staged / PROGRESS_FILE).write_text(json.dumps({"batch_completed": done}))
@@ -161,6 +164,7 @@ def torch_batch_process(
         )
     dataset_len = len(dataset)
     dist = _distributed(distributed_context)
+    finished = False
     try:
         _process(
             batch_processor_cls,
@@ -172,9 +176,10 @@ def torch_batch_process(
             kwargs,
             dist,
         )
+        finished = True
     finally:
-        if distributed_context is None:
-            dist.close()
+        if distributed_context is None:  # a failed rank must not wait for the others
+            dist.close(wait_for_others=finished)
 
 
 def _process(

@@ -96,7 +96,8 @@ def _distributed(given: DistributedContext | None) -> DistributedContext:
         return given
     from det_tasks.pytorch._trainer import _detect_distributed
 
-    return _detect_distributed()
+    info = launch.get_cluster_info()
+    return _detect_distributed((info.trial.config.get("optimizations") or {}) if info else {})
 
 
 class _Progress:

@@ -1,5 +1,5 @@
-"""Determined config fields that describe its own cluster scheduler or search variants this
-project does not have: accepted (so Determined YAML runs unchanged) but each one warns,
+"""Determined config fields that describe its own cluster scheduler, which this project
+does not have: accepted (so Determined YAML runs unchanged) but each one warns,
 naming the field, what happens instead and what to use; none is silently ignored."""
 
 from __future__ import annotations
@@ -14,12 +14,6 @@ class UnhonouredFieldWarning(UserWarning):
     """A config field is accepted for compatibility but does not act as in Determined."""
 
 
-_SEARCHER = {
-    "bracket_rungs": (
-        "det-tasks runs one ASHA bracket whose rung count comes from max_rungs and divisor; "
-        "set max_rungs instead"
-    ),
-}
 _RESOURCES = {
     "max_slots": (
         "Determined's cluster-wide slot cap has no equivalent: limit concurrency with "
@@ -38,12 +32,7 @@ _RESOURCES = {
 
 def warn_unhonoured(raw: dict[str, Any], source: str) -> None:
     """Warn once per unhonoured field the raw config sets (to a non-default value)."""
-    searcher = _section(raw, "searcher")
     resources = _section(raw, "resources")
-    for field, why in _SEARCHER.items():
-        value = searcher.get(field)
-        if value not in (None, False, []):
-            _warn(source, f"searcher.{field}", value, why)
     for field, why in _RESOURCES.items():
         value = resources.get(field)
         if value is not None:

@@ -39,7 +39,6 @@ def _warnings_for(**sections: dict) -> list[str]:
 @pytest.mark.parametrize(
     ("section", "field", "value"),
     [
-        ("searcher", "bracket_rungs", [3, 2]),
         ("resources", "max_slots", 8),
         ("resources", "priority", 10),
         ("resources", "shm_size", "4G"),
@@ -54,7 +53,7 @@ def test_unhonoured_field_warns_naming_it(section, field, value):
 
 def test_plain_config_warns_nothing():
     assert _warnings_for() == []
-    assert _warnings_for(searcher={"stop_once": False}) == []
+    assert _warnings_for(searcher={"stop_once": True, "bracket_rungs": [3, 2]}) == []
 
 
 def test_tensor_fusion_fields_become_horovod_environment():

@@ -83,6 +83,9 @@ class TrialController:
         self.callbacks: dict[str, PyTorchCallback] = _check_callbacks(trial.build_callbacks())
         self.batches_trained = 0
         self.best_metric: float | None = None
+        # Set by an orchestrator running a search: checkpoint_policy "best" then means better
+        # than the experiment's best so far, as in Determined, not only this trial's best.
+        self.experiment_best: float | None = None
         self.last_validation_batch: int | None = None
         self.last_checkpoint_batch: int | None = None
         self.latest_checkpoint_uuid: str | None = options.latest_checkpoint
@@ -327,12 +330,16 @@ class TrialController:
                 f"{sorted(metrics)}; return it from evaluate_batch() or change searcher.metric"
             )
         value = float(metrics[name])
-        better = self.best_metric is None or (
-            value < self.best_metric if self.options.smaller_is_better else value > self.best_metric
-        )
-        if better:
+        beats_experiment = self._beats(value, self.experiment_best)
+        if self._beats(value, self.best_metric):
             self.best_metric = value
-        return better
+            return beats_experiment
+        return False
+
+    def _beats(self, value: float, best: float | None) -> bool:
+        if best is None:
+            return True
+        return value < best if self.options.smaller_is_better else value > best
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _checkpoint(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,7 +63,7 @@ def test_reset_parameters_resets_the_root_module_too():
     with torch.no_grad():
         model.inner.weight.fill_(7.0)
     pytorch.reset_parameters(model)
-    assert float(model.scale) == 1.0
+    assert float(model.scale.detach()) == 1.0
     assert float(model.inner.weight) != 7.0
 
 
@@ -89,3 +90,36 @@ def test_checkpoint_load_context_does_no_training_side_wrapping(tmp_path):
     out = loaded.model(torch.tensor([[3.0]]))
     assert out.dtype == torch.float32
     assert float(out) == 3.0 * trial.weights[-1]
+
+
+def _controller(tmp_path, experiment_best):
+    from det_tasks.pytorch._loop import FitOptions, TrialController
+    from det_tasks.sinks import InMemoryMetricsSink
+
+    ctx = pytorch.init(
+        hparams={"global_batch_size": 4, "learning_rate": 0.1},
+        exp_conf={"searcher": {"name": "random", "metric": "val_loss"}},
+    )
+    sink = InMemoryMetricsSink()
+    options = FitOptions(
+        max_length=pytorch.Batch(4),
+        validation_period=pytorch.Batch(1),
+        checkpoint_policy="best",
+        searcher_metric="val_loss",
+    )
+    controller = TrialController(
+        OneVarTrial(ctx), ctx, options, sink, LocalDirectoryStore(tmp_path)
+    )
+    controller.experiment_best = experiment_best
+    controller.run()
+    return controller, sink
+
+
+def test_best_policy_under_a_search_compares_with_the_experiment_best(tmp_path):
+    # val_loss after k batches is 0.64**k: 0.64, 0.41, 0.26, 0.17.
+    _, alone_sink = _controller(tmp_path / "a", None)
+    assert [c.steps_completed for c in alone_sink.checkpoints] == [1, 2, 3, 4]
+    # Another trial already reached 0.3: only the validations below it checkpoint (3 and 4).
+    searched, sink = _controller(tmp_path / "b", 0.3)
+    assert [c.steps_completed for c in sink.checkpoints] == [3, 4]
+    assert searched.best_metric == pytest.approx(0.64**4)

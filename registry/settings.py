@@ -14,6 +14,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+from det_tasks.errors import ConfigError
+
 __all__ = ["RegistrySettings"]
 
 
@@ -38,11 +40,24 @@ class RegistrySettings:
             artifacts_destination=os.environ.get("DET_TASKS_MLFLOW_ARTIFACTS"),
             cache_dir=Path(cache),
             artifact_root=os.environ.get("DET_TASKS_ARTIFACT_ROOT"),
-            system_metrics_interval=float(
-                os.environ.get("DET_TASKS_SYSTEM_METRICS_INTERVAL") or 10.0
-            ),
+            system_metrics_interval=_seconds("DET_TASKS_SYSTEM_METRICS_INTERVAL", 10.0),
         )
 
     @property
     def enabled(self) -> bool:
         return bool(self.tracking_uri)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(
+            f"{name}={text!r} is not a number of seconds: give e.g. 10, or 0 to turn it off"
+        )
+    return value

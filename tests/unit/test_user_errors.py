@@ -99,3 +99,14 @@ def test_help_is_plain_text_and_hides_the_flow_only_flags():
     for internal in ("--hparams", "--trial-id", "--experiment-run", "--summary-file"):
         assert internal not in run
     assert "--max-batches" in run  # a flag for people stays
+
+
+def test_bad_system_metrics_interval_names_the_variable(monkeypatch):
+    from det_tasks.errors import ConfigError
+    from registry.settings import RegistrySettings
+
+    monkeypatch.setenv("DET_TASKS_SYSTEM_METRICS_INTERVAL", "ten")
+    with pytest.raises(ConfigError, match="DET_TASKS_SYSTEM_METRICS_INTERVAL='ten'"):
+        RegistrySettings.from_env()
+    monkeypatch.setenv("DET_TASKS_SYSTEM_METRICS_INTERVAL", "0")
+    assert RegistrySettings.from_env().system_metrics_interval == 0

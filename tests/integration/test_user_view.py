@@ -210,3 +210,13 @@ def test_failures_before_training_leave_no_runs(stack, tmp_path):
     assert client.search_runs([experiment.experiment_id], run_view_type=ViewType.ACTIVE_ONLY) == []
     deleted = client.search_runs([experiment.experiment_id], run_view_type=ViewType.DELETED_ONLY)
     assert len(deleted) == 2
+
+    # The same mistake in a trial of a flow's experiment run: the run stays, FAILED, tagged
+    # with the error (the flow owns the parent run; its other trials may be fine).
+    proc = run_xor_trial(name, 5, platform_env(), model, "--experiment-run", uuid.uuid4().hex)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (failed,) = client.search_runs(
+        [experiment.experiment_id], "tags.`det.trial_id` = '1'", ViewType.ACTIVE_ONLY
+    )
+    assert failed.info.status == "FAILED"
+    assert "hyperparameter 'learning_rate' is not defined" in failed.data.tags["det.error"]

@@ -105,3 +105,34 @@ def test_import_refuses_a_tampered_pickle_and_imports_nothing(tmp_path):
     assert "os.system, which is not one of the data types Determined wrote" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_import_from_s3_on_the_stack(stack):
+    """A Determined checkpoint left in S3 storage (its uuid as the prefix) is adopted from
+    there: downloaded with the stack's keys, registered, and loadable by its runs:/ URI."""
+    from det_tasks.pytorch import load_trial_from_checkpoint_path
+    from registry import s3 as s3_lib
+    from registry.importer import import_checkpoints
+    from registry.settings import RegistrySettings
+    from registry.tracking import client_for
+
+    settings = RegistrySettings.from_env()
+    s3 = s3_lib.client()
+    uuid = "11111111-2222-4333-8444-555555555555"
+    layout = ROOT / "0.17-workload-sequencer-latest-batch"
+    for path in layout.rglob("*"):
+        if path.is_file():
+            key = f"old-determined/{uuid}/{path.relative_to(layout).as_posix()}"
+            s3.upload_file(str(path), "det-tasks", key)
+    (imported,) = import_checkpoints(
+        client_for(str(settings.tracking_uri)),
+        s3,
+        [f"s3://det-tasks/old-determined/{uuid}"],
+        "from-determined-s3",
+        artifacts_destination=settings.artifacts_destination,
+    )
+    assert imported.uuid == uuid and imported.steps_completed == 120
+    assert imported.trial_cls_spec == "model_def:XorTrial"
+    trial = load_trial_from_checkpoint_path(imported.uri)
+    expected = json.loads((ROOT / "expected_logits.json").read_text())
+    assert trial.model(X).detach().squeeze(1).tolist() == expected

@@ -41,9 +41,13 @@ UNSUPPORTED = {
 }
 
 _SUBPACKAGES = {
-    "keras": "TFKerasTrial is not supported: only PyTorch trials run on det_tasks",
-    "estimator": "EstimatorTrial is not supported: only PyTorch trials run on det_tasks",
-    "deepspeed": "DeepSpeedTrial is not supported: write a PyTorchTrial",
+    "determined.keras": "TFKerasTrial is not supported: only PyTorch trials run on det_tasks",
+    "determined.estimator": "EstimatorTrial is not supported: only PyTorch trials run here",
+    "determined.deepspeed": "DeepSpeedTrial is not supported: write a PyTorchTrial",
+    "determined.pytorch.deepspeed": "DeepSpeedTrial is not supported: write a PyTorchTrial "
+    "(torch.distributed or Horovod data parallelism via resources.slots_per_trial)",
+    "determined.pytorch.dsat": "DeepSpeed autotuning is not supported",
+    "determined.pytorch.lightning": "the Lightning adapter is not supported: write a PyTorchTrial",
 }
 
 
@@ -75,7 +79,7 @@ def missing_attribute(module: str, served: list[str]) -> Any:
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        hint = _SUBPACKAGES.get(name) if module == "determined" else None
+        hint = _SUBPACKAGES.get(f"{module}.{name}")
         raise AttributeError(
             f"{module}.{name} is not provided by det_tasks' Determined compatibility layer"
             + (f": {hint}" if hint else f"; it serves {', '.join(sorted(served))}")

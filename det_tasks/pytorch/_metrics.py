@@ -7,6 +7,7 @@ window of scalars into Python floats with one transfer per device.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ __all__ = [
     "detach_metrics",
     "materialize",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def check_metrics(metrics: Any, method: str) -> dict[str, Any]:
@@ -68,6 +71,7 @@ class TrainingMetricsBuffer:
     def __init__(self) -> None:
         self._batches: list[dict[str, Any]] = []
         self.num_inputs = 0
+        self._unaveraged: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -86,6 +90,14 @@ class TrainingMetricsBuffer:
         for m in batch_metrics:
             keys.extend(k for k in m if k not in keys)
         avg = {key: average_metric([m.get(key) for m in batch_metrics]) for key in keys}
+        for key in keys:
+            if avg[key] is None and key not in self._unaveraged:
+                self._unaveraged.add(key)
+                log.warning(
+                    "training metric %r cannot be averaged (%r...): it is reported as None, "
+                    "as Determined does, and reaches on_training_workload_end per batch",
+                    key, str(batch_metrics[0].get(key))[:40],
+                )  # fmt: skip
         return avg, batch_metrics
 
 

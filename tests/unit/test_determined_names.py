@@ -48,6 +48,8 @@ def test_unsupported_names_refuse_when_used_and_say_what_to_use(det, name):
 def test_unknown_names_list_what_is_served(det):
     with pytest.raises(AttributeError, match="TFKerasTrial is not supported"):
         det.keras  # noqa: B018
+    with pytest.raises(AttributeError, match="Lightning adapter is not supported"):
+        det.pytorch.lightning  # noqa: B018
     with pytest.raises(AttributeError, match=r"serves .*PyTorchTrial"):
         det.pytorch.DeepSpeedTrial  # noqa: B018
 

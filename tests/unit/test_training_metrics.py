@@ -38,13 +38,16 @@ class NonScalarTrial(OneVarTrial):
         return metrics
 
 
-def test_non_scalar_metrics_are_averaged_over_every_element(tmp_path):
-    sink = fit(tmp_path, NonScalarTrial, 4, reporting_period=pytorch.Batch(4))
+def test_non_scalar_metrics_are_averaged_over_every_element(tmp_path, caplog):
+    sink = fit(tmp_path, NonScalarTrial, 8, reporting_period=pytorch.Batch(4))
     (_, metrics) = sink.training[0]
     assert metrics["vector"] == pytest.approx((0 + 1 + 2 + 3) * 3 / 8)  # 2.25
     assert metrics["matrix"] == pytest.approx(1.5)
     assert metrics["flag"] == pytest.approx(0.5)
     assert "tag" in metrics and metrics["tag"] is None  # kept, as Determined, not averaged
+    assert sink.training[1][1]["vector"] == pytest.approx((4 + 5 + 6 + 7) * 3 / 8)
+    warned = [r for r in caplog.records if "'tag' cannot be averaged" in r.getMessage()]
+    assert len(warned) == 1  # once per metric, not per report
 
 
 def test_average_metric_leaves_out_nones_and_refuses_ragged_values():

@@ -1,113 +1,129 @@
 """The ``batch-inference`` flow: a registered model over a dataset, in shards, predictions to S3.
 
-Each shard is a task that writes one Parquet object (``shard-00003-of-00008.parquet``); a
-shard whose object already exists is skipped, so rerunning after a crash writes every shard
-exactly once. The trial comes from ``load_trial_from_checkpoint_path`` (``models:/name@alias``
-by default); ``trial.predict_batch(batch)`` is used when the trial defines it, else the
-wrapped model's forward output.
+The input is any torch Dataset built by ``module:function`` in the checkpoint's code (map-style
+or iterable), or Parquet files on S3 (``s3://bucket/prefix/*.parquet`` with ``columns``). It is
+checked once, before any shard starts (a bad spec or a missing column fails the run with
+nothing written). Each shard task streams only its own records on a worker process: the warm
+Dask workers when the engine is there (``flows.engine``), else a pool of ``workers`` processes;
+either way the model is loaded once per worker, not once per shard. Each shard writes one
+Parquet object (``shard-00003-of-00008.parquet``: record id, output, argmax); a shard whose
+object exists is skipped, so rerunning after a crash writes every shard exactly once. The
+model comes from ``load_trial_from_checkpoint_path`` (``models:/name@alias`` is pinned to its
+version at the start); ``trial.predict_batch(batch)`` is used when the trial defines it, else
+the wrapped model's forward output.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import importlib
-import io
+import contextvars
+import multiprocessing
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-import torch
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
-from det_tasks.pytorch import load_trial_from_checkpoint_path
-from det_tasks.uris import open_checkpoint_uri
+from det_tasks.batch_data import shard_range
+from det_tasks.errors import ConfigError
+from flows.batch_shards import ShardRequest, run_shard
 from flows.jobs import run_job_script
-from registry import s3 as s3_lib
+from registry import parquet_dataset
 from registry.packages import fetch_package
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
 
-__all__ = ["batch_inference", "load_inputs", "shard_range"]
+__all__ = ["batch_inference", "plan_shards", "predict_shard", "shard_range"]
+
+# The flow run's engine (an Executor-like ``submit``); shard tasks reach it through this
+# context variable (Prefect runs tasks in copies of the flow's context).
+_ENGINE: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_engine", default=None)
 
 
-def shard_range(n: int, shard: int, num_shards: int) -> range:
-    """Contiguous, disjoint, covering: shard i of k gets records [i*n//k, (i+1)*n//k)."""
-    return range(shard * n // num_shards, (shard + 1) * n // num_shards)
+def _pinned(model_uri: str) -> str:
+    """``models:/name@alias`` -> the version's source, so every shard uses the same model."""
+    if model_uri.startswith("models:/"):
+        from registry.uris import models_uri_source
+
+        return models_uri_source(model_uri)
+    return model_uri
+
+
+def plan_shards(
+    model_source: str,
+    dataset: str,
+    num_shards: int,
+    output: str,
+    batch_size: int,
+    columns: Sequence[str] | None = None,
+    id_column: str | None = None,
+) -> list[ShardRequest]:
+    """One request per shard; checks the dataset spec (and Parquet columns) first."""
+    if num_shards < 1 or batch_size < 1:
+        raise ConfigError(
+            f"num_shards ({num_shards}) and batch_size ({batch_size}) must be positive integers"
+        )
+    common = dict(
+        model_source=model_source,
+        dataset=dataset,
+        num_shards=num_shards,
+        output=output,
+        batch_size=batch_size,
+    )
+    if dataset.startswith("s3://"):
+        spec = parquet_dataset.ParquetSpec.parse(dataset, columns, id_column)
+        groups = parquet_dataset.plan(spec)
+        return [
+            ShardRequest(
+                shard=i,
+                columns=spec.columns,
+                id_column=spec.id_column,
+                row_groups=tuple(parquet_dataset.shard_row_groups(groups, i, num_shards)),
+                **common,  # type: ignore[arg-type]
+            )
+            for i in range(num_shards)
+        ]
+    if columns or id_column:
+        raise ConfigError(
+            f"dataset {dataset!r}: `columns`/`id_column` apply to Parquet datasets "
+            "(s3://bucket/prefix/*.parquet) only; remove them"
+        )
+    from flows.batch_shards import _dataset
+
+    _dataset(model_source, dataset)  # builds it once here: a bad spec fails before any shard
+    return [ShardRequest(shard=i, **common) for i in range(num_shards)]  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
-def _code_on_path(model_uri: str) -> Iterator[None]:
-    with open_checkpoint_uri(model_uri) as directory:
-        code = str(Path(directory) / "code")
-        sys.path.insert(0, code)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(code)
-
-
-def load_inputs(model_uri: str, dataset: str) -> torch.Tensor:
-    """``module:function`` from the checkpoint's code; the first tensor it returns is the input."""
-    module_name, _, function = dataset.partition(":")
-    if not function:
-        raise ValueError(f"dataset {dataset!r} must be `module:function`")
-    with _code_on_path(model_uri):
-        sys.modules.pop(module_name, None)
-        loaded = getattr(importlib.import_module(module_name), function)()
-    if isinstance(loaded, list | tuple):
-        loaded = loaded[0]
-    if isinstance(loaded, torch.utils.data.TensorDataset):
-        loaded = loaded.tensors[0]
-    if not isinstance(loaded, torch.Tensor):
-        raise TypeError(f"dataset {dataset!r} returned {type(loaded).__name__}, not tensors")
-    return loaded
+def _engine(workers: int) -> Iterator[Any]:
+    """The warm Dask workers when the engine exists, else ``workers`` worker processes."""
+    try:
+        from flows.engine import dask_client  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        dask_client = None
+    if dask_client is not None:
+        with dask_client(n_workers=workers) as client:
+            yield client
+        return
+    context = multiprocessing.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        yield pool
 
 
 @task(name="predict-shard", retries=2, retry_delay_seconds=1)
-def predict_shard(
-    model_uri: str, dataset: str, shard: int, num_shards: int, output: str, batch_size: int
-) -> dict[str, Any]:
-    s3 = s3_lib.client()
-    location = s3_lib.parse_location(output).child(f"shard-{shard:05d}-of-{num_shards:05d}.parquet")
-    if s3_lib.object_exists(s3, location):
-        return {"shard": shard, "skipped": True, "rows": 0, "seconds": 0.0}
-    started = time.perf_counter()
-    trial = load_trial_from_checkpoint_path(model_uri)
-    inputs = load_inputs(model_uri, dataset)
-    rows = shard_range(len(inputs), shard, num_shards)
-    model = trial.context.models[0]
-    predict = getattr(trial, "predict_batch", None)
-    outputs = []
-    with torch.inference_mode():
-        for start in range(rows.start, rows.stop, batch_size):
-            batch = trial.context.to_device(inputs[start : min(start + batch_size, rows.stop)])
-            out = predict(batch) if predict is not None else model(batch)
-            outputs.append(out.detach().float().cpu())
-    preds = torch.cat(outputs) if outputs else torch.empty(0)
-    table = pa.table(
-        {
-            "index": pa.array(list(rows), pa.int64()),
-            "output": pa.array(preds.reshape(len(rows), -1).tolist(), pa.list_(pa.float32())),
-            "argmax": pa.array(preds.reshape(len(rows), -1).argmax(dim=1).tolist(), pa.int64()),
-        }
-    )
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
-    s3_lib.put_object(s3, location, buffer.getvalue())
-    return {
-        "shard": shard,
-        "skipped": False,
-        "rows": len(rows),
-        "seconds": time.perf_counter() - started,
-    }
+def predict_shard(request: ShardRequest) -> dict[str, Any]:
+    """Run one shard on the flow's engine (in this process when there is none)."""
+    engine = _ENGINE.get()
+    if engine is None:
+        return run_shard(request)
+    if hasattr(engine, "scheduler_info"):  # a Dask client: never reuse a result by key
+        return engine.submit(run_shard, request, pure=False).result()  # type: ignore[no-any-return]
+    return engine.submit(run_shard, request).result()  # type: ignore[no-any-return]
 
 
 @flow(name="batch-inference", log_prints=True)
@@ -121,6 +137,9 @@ def batch_inference(
     package: str | None = None,
     script: str | None = None,
     config: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
+    id_column: str | None = None,
+    workers: int = 2,
 ) -> dict[str, Any]:
     """Predictions of ``model_uri`` over ``dataset`` in ``num_shards`` Parquet objects; or,
     with ``script`` (from ``det-tasks job run``), that script run inside ``package``."""
@@ -134,36 +153,45 @@ def batch_inference(
     safe_model = model_uri.replace("models:/", "").replace("/", "-").replace("@", "-at-")
     output = output or f"s3://{settings.bucket or 'det-tasks'}/predictions/{safe_model}/{name}"
     started = time.perf_counter()
-    futures = [
-        predict_shard.submit(model_uri, dataset, shard, num_shards, output, batch_size)
-        for shard in range(num_shards)
-    ]
-    results = [f.result() for f in futures]
+    requests = plan_shards(
+        _pinned(model_uri), dataset, num_shards, output, batch_size, columns, id_column
+    )
+    with _engine(max(1, min(workers, num_shards))) as engine:
+        token = _ENGINE.set(engine)
+        try:
+            futures = [predict_shard.submit(r) for r in requests]
+            results = [f.result() for f in futures]
+        finally:
+            _ENGINE.reset(token)
     wall = time.perf_counter() - started
     rows = sum(r["rows"] for r in results)
-    skipped = sum(r["skipped"] for r in results)
     summary = {
         "output": output,
         "shards": num_shards,
-        "shards_skipped": skipped,
+        "shards_skipped": sum(r["skipped"] for r in results),
         "rows": rows,
         "seconds": round(wall, 2),
         "rows_per_second": round(rows / wall, 1) if wall else 0,
+        "peak_rss_mb": max((r.get("peak_rss_mb", 0.0) for r in results), default=0.0),
     }
     if settings.tracking_uri:
-        client = client_for(settings.tracking_uri)
-        exp = client.get_experiment_by_name("batch-inference")
-        exp_id = exp.experiment_id if exp else client.create_experiment("batch-inference")
-        run = client.create_run(
-            exp_id,
-            run_name=f"{safe_model}-{name}",
-            tags={"det.model_uri": model_uri, "det.output": output},
-        )
-        for key in ("rows", "shards_skipped", "seconds", "rows_per_second"):
-            client.log_metric(run.info.run_id, key, float(summary[key]))
-        client.set_terminated(run.info.run_id)
+        _log_run(settings.tracking_uri, f"{safe_model}-{name}", model_uri, output, summary)
     logger.info("batch inference: %s", summary)
     return summary
+
+
+def _log_run(
+    tracking_uri: str, run_name: str, model_uri: str, output: str, summary: dict[str, Any]
+) -> None:
+    client = client_for(tracking_uri)
+    exp = client.get_experiment_by_name("batch-inference")
+    exp_id = exp.experiment_id if exp else client.create_experiment("batch-inference")
+    run = client.create_run(
+        exp_id, run_name=run_name, tags={"det.model_uri": model_uri, "det.output": output}
+    )
+    for key in ("rows", "shards_skipped", "seconds", "rows_per_second", "peak_rss_mb"):
+        client.log_metric(run.info.run_id, key, float(summary[key]))
+    client.set_terminated(run.info.run_id)
 
 
 def _run_script_job(

@@ -35,6 +35,7 @@ __all__ = [
     "put_object",
     "read_object",
     "upload_dir",
+    "upload_file",
 ]
 
 TRANSFER = TransferConfig(
@@ -249,6 +250,21 @@ def put_object(s3: Any, location: Location, data: bytes) -> None:
         s3.put_object(Bucket=location.bucket, Key=location.prefix, Body=data)
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
         raise explain(err, location.uri) from None
+
+
+def upload_file(s3: Any, path: Path, location: Location) -> None:
+    """Store the local file ``path`` as the single object at ``location`` (streamed, one
+    object: it exists complete or not at all)."""
+    if isinstance(location, FileLocation):
+        location.write(path.read_bytes())
+        return
+    try:
+        s3.upload_file(str(path), location.bucket, location.prefix, Config=TRANSFER)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        raise explain(err, location.uri) from None
+    except boto3.exceptions.S3UploadFailedError as err:
+        cause = err.__cause__ or err.__context__ or err
+        raise explain(cause if isinstance(cause, Exception) else err, location.uri) from None
 
 
 def download_prefix(s3: Any, location: Location, dest: Path) -> list[str]:

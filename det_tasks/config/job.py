@@ -18,7 +18,16 @@ from det_tasks.errors import ConfigError
 __all__ = ["BATCH_INFERENCE_DATA_KEYS", "JobConfig", "load_job_config"]
 
 # The data keys the built-in batch inference takes, as the flow's parameters.
-BATCH_INFERENCE_DATA_KEYS = ("model_uri", "dataset", "num_shards", "batch_size", "output")
+BATCH_INFERENCE_DATA_KEYS = (
+    "model_uri",
+    "dataset",
+    "num_shards",
+    "batch_size",
+    "output",
+    "columns",
+    "id_column",
+    "workers",
+)
 
 
 class JobConfig(BaseModel):

@@ -123,3 +123,50 @@ def test_job_run_on_the_stack_uploads_to_s3_reports_to_mlflow_and_survives_a_sig
     assert run.info.status == "FINISHED"
     rows = client.get_metric_history(run.info.run_id, "inference/rows")
     assert sum(m.value for m in rows) >= 50
+
+
+def test_parquet_on_s3_is_read_by_shard_with_its_ids_and_a_missing_column_is_refused(
+    stack, tmp_path
+):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from det_tasks.errors import ConfigError
+    from det_tasks.runner.local import run_trial
+    from flows.batch_inference import plan_shards
+    from flows.batch_shards import run_shard
+
+    model = BATCH_JOB.parent / "batch_model"
+    ckpt = run_trial(model / "const.yaml", checkpoint_dir=tmp_path / "ckpt", progress=False)
+    s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
+    prefix = f"inputs-{tmp_path.name}"
+    for part, first in enumerate((0, 25)):  # two files, row groups of 10 rows
+        ids = list(range(first, first + 25))
+        table = pa.table({"rid": [f"r{i}" for i in ids], "x": [i / 1000 for i in ids], "y": ids})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer, row_group_size=10)
+        s3.put_object(
+            Bucket="det-tasks", Key=f"{prefix}/part-{part}.parquet", Body=buffer.getvalue()
+        )
+    uri = f"s3://det-tasks/{prefix}/*.parquet"
+    out = tmp_path / "out"
+    requests = plan_shards(ckpt.checkpoint_uri, uri, 3, out.as_uri(), 4, ["x"], "rid")
+    assert sum(len(r.row_groups) for r in requests) == 6  # 3 row groups per file, each once
+    assert sum(run_shard(r)["rows"] for r in requests) == 50
+    rows = {}
+    for f in sorted(out.glob("shard-*.parquet")):
+        table = pq.read_table(f).to_pydict()
+        for rid, output in zip(table["index"], table["output"], strict=True):
+            assert rid not in rows
+            rows[rid] = output[0]
+    assert sorted(rows) == sorted(f"r{i}" for i in range(50))
+    assert all(rows[f"r{i}"] == pytest.approx(2 * i / 1000 + 1, abs=1e-6) for i in range(50))
+    with pytest.raises(ConfigError, match=r"no column\(s\) \['pixels'\].*columns are"):
+        plan_shards(ckpt.checkpoint_uri, uri, 3, (tmp_path / "o2").as_uri(), 4, ["pixels"])
+    with pytest.raises(ConfigError, match="matches no object"):
+        plan_shards(
+            ckpt.checkpoint_uri, "s3://det-tasks/nothing/*.parquet", 2, out.as_uri(), 4, ["x"]
+        )
+    assert not (tmp_path / "o2").exists()

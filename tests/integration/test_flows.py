@@ -155,8 +155,14 @@ def test_sigkilled_trial_resumes_and_matches_an_uninterrupted_run(stack, tmp_pat
         assert torch.equal(a, b)
 
 
+def _pinned_xor() -> str:
+    from registry.uris import models_uri_source
+
+    return models_uri_source("models:/xor@champion")
+
+
 def test_batch_inference_resumes_and_writes_every_shard_once(stack):
-    from flows.batch_inference import batch_inference, predict_shard
+    from flows.batch_inference import batch_inference, plan_shards, predict_shard
     from flows.experiment import experiment
 
     experiment(str(FLOW_MODEL / "grid.yaml"), ["searcher.max_trials=1"])
@@ -165,8 +171,9 @@ def test_batch_inference_resumes_and_writes_every_shard_once(stack):
     register_checkpoint(client, "xor", best, alias="champion")
     output = f"s3://det-tasks/predictions/test-{int(time.time())}"
     # A first run that "crashed" after two of five shards.
+    requests = plan_shards(_pinned_xor(), "model_def:inputs", 5, output, 7)
     for shard in (0, 3):
-        predict_shard.fn("models:/xor@champion", "model_def:inputs", shard, 5, output, 7)
+        predict_shard.fn(requests[shard])
     summary = batch_inference(
         "models:/xor@champion", "model_def:inputs", num_shards=5, output=output, batch_size=7
     )

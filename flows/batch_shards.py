@@ -1,0 +1,151 @@
+"""One shard of batch inference, run on a worker process: stream its records through the
+model and write one Parquet object of predictions with their record ids.
+
+Worker-side and Prefect-free, so it runs in any worker process (a process pool, or a warm
+Dask worker). The model and the dataset are loaded once per worker process (``_model``,
+``_dataset``: a worker keeps them between shards), never once per shard. The predictions
+are spilled to a local Parquet file while the shard runs and stored with a single put at
+the end: the object exists complete or not at all, so a retried shard is written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from det_tasks.batch_data import load_dataset, model_input, shard_batches
+from det_tasks.pytorch import load_trial_from_checkpoint_path
+from det_tasks.uris import open_checkpoint_uri
+from registry import parquet_dataset
+from registry import s3 as s3_lib
+
+__all__ = ["ShardRequest", "run_shard", "shard_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRequest:
+    model_source: str  # a pinned checkpoint URI (models:/ aliases resolved by the flow)
+    dataset: str  # `module:function` or `s3://bucket/prefix/*.parquet`
+    shard: int
+    num_shards: int
+    output: str  # the run's output prefix
+    batch_size: int
+    columns: tuple[str, ...] = ()
+    id_column: str | None = None
+    row_groups: tuple[parquet_dataset.RowGroup, ...] = ()
+
+
+def shard_name(shard: int, num_shards: int) -> str:
+    return f"shard-{shard:05d}-of-{num_shards:05d}.parquet"
+
+
+@functools.lru_cache(maxsize=2)
+def _model(source: str) -> tuple[Any, Path | None]:
+    """The trial and its code directory, once per worker process."""
+    stack = contextlib.ExitStack()  # kept open for the worker's life (a cached download)
+    directory = stack.enter_context(open_checkpoint_uri(source))
+    code = directory / "code"
+    trial = load_trial_from_checkpoint_path(source)
+    for model in trial.context.models:
+        model.eval()
+    return trial, code if code.is_dir() else None
+
+
+@functools.lru_cache(maxsize=2)
+def _dataset(source: str, spec: str) -> torch.utils.data.Dataset:
+    return load_dataset(spec, _model(source)[1])
+
+
+def _batches(req: ShardRequest) -> Iterator[tuple[np.ndarray, Any]]:
+    if req.dataset.startswith("s3://"):
+        spec = parquet_dataset.ParquetSpec(req.dataset, req.columns, req.id_column)
+        for ids, features in parquet_dataset.iter_batches(
+            spec, list(req.row_groups), req.batch_size
+        ):
+            yield ids, torch.from_numpy(features)
+        return
+    yield from shard_batches(
+        _dataset(req.model_source, req.dataset), req.shard, req.num_shards, req.batch_size
+    )
+
+
+def _release_held_trial() -> None:
+    """On a warm Dask worker that holds a training trial, free its memory first."""
+    with contextlib.suppress(Exception):
+        from distributed import get_worker
+
+        from flows.workers import PLUGIN_NAME  # type: ignore[import-not-found, unused-ignore]
+
+        plugin = get_worker().plugins.get(PLUGIN_NAME)
+        if plugin is not None and getattr(plugin, "held", None) is not None:
+            plugin.release()
+
+
+def run_shard(req: ShardRequest) -> dict[str, Any]:
+    """Predict one shard; skipped (``skipped: True``) when its object already exists."""
+    started = time.perf_counter()
+    s3 = s3_lib.client()
+    location = s3_lib.parse_location(req.output).child(shard_name(req.shard, req.num_shards))
+    if s3_lib.object_exists(s3, location):
+        return {"shard": req.shard, "skipped": True, "rows": 0, "seconds": 0.0}
+    _release_held_trial()
+    trial, _ = _model(req.model_source)
+    predict = getattr(trial, "predict_batch", None) or trial.context.models[0]
+    rows = 0
+    scratch = Path(tempfile.mkdtemp(prefix="det-tasks-shard-"))
+    try:
+        path = scratch / "part.parquet"
+        writer: pq.ParquetWriter | None = None
+        with torch.inference_mode():
+            for ids, batch in _batches(req):
+                out = predict(trial.context.to_device(model_input(batch)))
+                flat = out.detach().float().cpu().reshape(len(ids), -1)
+                table = pa.table(
+                    {
+                        "index": pa.array(ids),
+                        "output": pa.FixedSizeListArray.from_arrays(
+                            pa.array(flat.numpy().ravel()), flat.shape[1]
+                        ),
+                        "argmax": pa.array(flat.argmax(dim=1).numpy()),
+                    }
+                )
+                writer = writer or pq.ParquetWriter(path, table.schema)
+                writer.write_table(table)
+                rows += len(ids)
+        if writer is None:  # an empty shard still gets its (empty) object
+            pq.write_table(_empty_table(), path)
+        else:
+            writer.close()
+        s3_lib.upload_file(s3, path, location)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "shard": req.shard,
+        "skipped": False,
+        "rows": rows,
+        "seconds": time.perf_counter() - started,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _empty_table() -> pa.Table:
+    return pa.table(
+        {
+            "index": pa.array([], pa.int64()),
+            "output": pa.array([], pa.list_(pa.float32())),
+            "argmax": pa.array([], pa.int64()),
+        }
+    )

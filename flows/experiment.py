@@ -7,28 +7,36 @@ Run without a server: ``python -m flows.experiment examples/mnist/const.yaml``.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import shutil
 import sys
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError
 from det_tasks.runner.local import load_raw_config
-from det_tasks.searcher import Searcher, Work, make_searcher
+from det_tasks.searcher import Searcher, make_searcher
+from flows.chains import STATE_TAG, TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
 from flows.embedded import use_embedded_defaults
-from flows.tasks import TrialFailed, train_segment
+from flows.engine import (
+    SCHEDULER_ENV,
+    Placement,
+    background_cluster,
+    dask_client,
+    release_everywhere,
+)
+from flows.trial_table import TrialTable
+from flows.workers import TrialFailed
 from registry.packages import fetch_package
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
@@ -37,18 +45,6 @@ from registry.tracking import ExperimentRuns, client_for
 
 __all__ = ["experiment"]
 
-STATE_TAG = "det.searcher_state"
-
-
-def _searcher_metric(summary: dict[str, Any], config: ExperimentConfig) -> float:
-    metrics = summary.get("validation") or {}
-    name = config.searcher.metric
-    if name not in metrics:
-        raise RuntimeError(
-            f"searcher.metric {name!r} is not among the validation metrics {sorted(metrics)}"
-        )
-    return float(metrics[name])
-
 
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
     tags = runs.client.get_run(runs.parent_run_id).data.tags
@@ -56,11 +52,8 @@ def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
         searcher.load(json.loads(tags[STATE_TAG]))
 
 
-def _persist(searcher: Searcher, runs: ExperimentRuns) -> None:
-    runs.client.set_tag(runs.parent_run_id, STATE_TAG, json.dumps(searcher.state())[:7900])
-
-
-@flow(name="experiment", log_prints=True)
+# Threads only wait on Dask futures; enough for every running trial's task.
+@flow(name="experiment", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=64))  # type: ignore[arg-type]
 def experiment(
     config: str = "examples/mnist/const.yaml",
     overrides: list[str] | None = None,
@@ -89,12 +82,14 @@ def experiment(
     try:
         if not config_path.is_relative_to(model_path.parent.resolve()):
             raise ConfigError(f"config {config!r} is outside the model package: give a path in it")
-        return _run_experiment(config_path, model_path, overrides)
+        return _run_experiment(config_path, model_path, overrides, package)
     finally:
         shutil.rmtree(model_path.parent, ignore_errors=True)
 
 
-def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -> dict[str, Any]:
+def _run_experiment(
+    config_path: Path, model_path: Path, overrides: list[str], package: str | None = None
+) -> dict[str, Any]:
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings = RegistrySettings.from_env()
@@ -109,51 +104,37 @@ def _run_experiment(config_path: Path, model_path: Path, overrides: list[str]) -
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
     finished = searcher.finished()
-    todo = [w for w in searcher.start() if w.trial_id not in finished or not _final(w, cfg)]
-    segment = train_segment.with_options(retries=cfg.max_restarts)
+    todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
     limit = max(1, cfg.searcher.max_concurrent_trials or 1)
-    running: dict[Future[Any], Work] = {}
-    best: dict[str, Any] | None = None
+    table = TrialTable(
+        name,
+        cfg.searcher.metric,
+        cfg.searcher.smaller_is_better,
+        lambda run_id: _mlflow_link(
+            settings.tracking_uri or "", f"experiments/{runs.experiment_id}/runs/{run_id}"
+        ),
+    )
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
-    while todo or running:
-        while todo and len(running) < limit:
-            work = todo.pop(0)
-            future = segment.submit(
-                str(config_path),
-                str(model_path),
-                overrides,
-                work.trial_id,
-                work.hparams,
-                work.batches,
-                run_key,
-                runs.parent_run_id,
-                runs.experiment_id,
-                slots=cfg.resources.slots_per_trial,
-            )
-            running[_as_future(future)] = work
-        done, _ = wait_futures(list(running), return_when=FIRST_COMPLETED)
-        for fut in done:
-            work = running.pop(fut)
-            summary = fut.result()
-            metric = _searcher_metric(summary, cfg)
-            todo.extend(searcher.report(work.trial_id, summary["batches_trained"], metric))
-            _persist(searcher, runs)
-            logger.info(
-                "trial %d: %s=%.6g after %d batches",
-                work.trial_id,
-                cfg.searcher.metric,
-                metric,
-                summary["batches_trained"],
-            )
-            if best is None or _better(metric, best["metric"], cfg):
-                best = {
-                    "trial_id": work.trial_id,
-                    "metric": metric,
-                    "hparams": work.hparams,
-                    "checkpoint": summary["checkpoint"],
-                    "batches_trained": summary["batches_trained"],
-                }
+    with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
+        trials = TrialChains(
+            cfg,
+            raw,
+            runs,
+            config_path,
+            model_path,
+            overrides,
+            run_key,
+            package,
+            table,
+            Placement(client),
+        )
+        best = trials.run(todo, searcher, limit)
+        released = release_everywhere(client)
+        trials.wait_releases()
+    if released:
+        logger.info("released %d held trial(s)", released)
+    table.publish()
     finish_experiment(runs, s3_client(settings.s3_endpoint))
     result = {
         "experiment": name,
@@ -178,39 +159,6 @@ def _mlflow_link(tracking_uri: str, page: str) -> str:
     return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
 
 
-def _final(work: Work, cfg: ExperimentConfig) -> bool:
-    return work.batches is None or work.batches == cfg.max_length.value
-
-
-def _better(value: float, than: float, cfg: ExperimentConfig) -> bool:
-    if math.isnan(than):
-        return True
-    return value < than if cfg.searcher.smaller_is_better else value > than
-
-
-def _as_future(prefect_future: Any) -> Future[Any]:
-    """A concurrent.futures view of a PrefectFuture, so one wait() covers all trials
-    (ThreadPoolTaskRunner futures wrap a concurrent.futures.Future)."""
-    wrapped = getattr(prefect_future, "wrapped_future", None)
-    if isinstance(wrapped, Future):
-        proxy: Future[Any] = Future()
-
-        def _done(f: Future[Any]) -> None:
-            try:
-                proxy.set_result(prefect_future.result())
-            except BaseException as err:  # surfaced by fut.result() in the flow
-                proxy.set_exception(err)
-
-        wrapped.add_done_callback(_done)
-        return proxy
-    proxy = Future()
-    try:
-        proxy.set_result(prefect_future.result())
-    except BaseException as err:
-        proxy.set_exception(err)
-    return proxy
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
     needed (see flows.embedded); prints the summary as JSON."""
@@ -219,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m flows.experiment CONFIG [key=value ...]", file=sys.stderr)
         return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
-        load_raw_config(Path(args[0]).resolve(), args[1:])
+        _, cfg = load_raw_config(Path(args[0]).resolve(), args[1:])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -231,7 +179,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    with quiet_prefect_shutdown(complete_errors=(TrialFailed, ConfigError)):
+    workers = max(1, cfg.searcher.max_concurrent_trials or 1)
+    with (
+        # Without a cluster named, its workers start while Prefect's server does.
+        contextlib.nullcontext()
+        if os.environ.get(SCHEDULER_ENV)
+        else background_cluster(workers, cfg.resources.slots_per_trial),
+        quiet_prefect_shutdown(complete_errors=(TrialFailed, ConfigError)),
+        # The ephemeral server's default 20 s start-up wait is too short on a busy machine.
+        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}),
+    ):
         try:
             result = experiment(args[0], args[1:])
         except Exception as err:  # the flow run's log above has the details

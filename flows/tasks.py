@@ -1,119 +1,107 @@
-"""Prefect tasks for one trial: train a segment (train -> validate -> checkpoint) in a worker
-process of its own, and find where a trial left off.
+"""The Prefect tasks of one trial: ``train trial-3 [0→500)``, ``validate trial-3 @500``,
+``checkpoint trial-3 @500``, each taking the previous one's result as its input (so the
+flow-run graph draws a trial as a chain and ASHA promotions extend it).
 
-Each segment runs ``det-tasks run`` in a subprocess: trials never share a global RNG (exact
-resume), a trial can be killed without killing the flow, and a retry resumes from the
-trial's latest checkpoint recorded in MLflow (never from a pickled model).
+A task is a thin record in Prefect: its work runs on a warm Dask worker (flows.workers),
+addressed by position, so a retry (max_restarts) continues from the trial's checkpoint with
+exactly equal results. Each task is tagged with its trial and MLflow run.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
+import dataclasses
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
-from flows.devices import gpu_lease
-from registry.checkpoints import checkpoint_records
-from registry.settings import RegistrySettings
-from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
+from det_tasks.runner.held import TrialSpec
+from flows.engine import submit_step
+from flows.workers import StepRequest, StepResult, TrialFailed
 
-__all__ = ["TrialFailed", "resume_candidates", "train_segment"]
-
-
-class TrialFailed(RuntimeError):
-    """A trial's process exited with an error; the message carries its last output (the
-    traceback that matters is the trial's, not the orchestrator's)."""
+__all__ = ["TrialFailed", "TrialRef", "checkpoint", "train", "validate"]
 
 
-def resume_candidates(parent_run_id: str, experiment_id: str, trial_id: int) -> list[str]:
-    """The URIs of the trial's checkpoints, newest first (the runner resumes from the first
-    intact one); empty if it has none yet."""
-    settings = RegistrySettings.from_env()
-    assert settings.tracking_uri
-    client = client_for(settings.tracking_uri)
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=(
-            f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent_run_id}'"
-        ),
-        max_results=1,
+@dataclasses.dataclass(frozen=True)
+class TrialRef:
+    """A trial as the flow's tasks see it: how to build it, and where it is recorded."""
+
+    spec: TrialSpec
+    parent_run_id: str
+    experiment_id: str
+    mlflow_run_id: str
+    holdable: bool = True  # False: whole segments in a det-tasks run process
+    package: str | None = None
+    config_yaml: str | None = None  # with a package: the config's text, for the workers
+    gpus: int = 0
+
+    def request(self, kind: str, start: int, stop: int, release: bool = False) -> StepRequest:
+        return StepRequest(
+            trial=self.spec,
+            kind=kind,
+            start=start,
+            stop=stop,
+            parent_run_id=self.parent_run_id,
+            experiment_id=self.experiment_id,
+            package=self.package,
+            config_yaml=self.config_yaml,
+            release_after=release,
+        )
+
+    @property
+    def tags(self) -> list[str]:
+        return [f"trial-{self.spec.trial_id}", f"mlflow-run:{self.mlflow_run_id}"]
+
+
+@task(name="train", retry_delay_seconds=1, cache_policy=NO_CACHE)
+def train(
+    trial: TrialRef,
+    start: int,
+    stop: int,
+    after: StepResult | None = None,
+    worker: str | None = None,
+) -> StepResult:
+    """Train the trial from batch ``start`` to ``stop`` (``after``: the trial's previous
+    step, for the graph)."""
+    kind = "train" if trial.holdable else "segment"
+    result = submit_step(trial.request(kind, start, stop), worker, trial.gpus)
+    _log(trial, "trained to batch", result)
+    return result
+
+
+@task(name="validate", retry_delay_seconds=1, cache_policy=NO_CACHE)
+def validate(trial: TrialRef, after: StepResult) -> StepResult:
+    """Validate the trial at the position ``after`` left it."""
+    if not trial.holdable:  # validated inside its segment's process
+        return after
+    at = after.position
+    result = submit_step(trial.request("validate", at, at), after.worker, trial.gpus)
+    _log(trial, "validated at batch", result, result.validation)
+    return result
+
+
+@task(name="checkpoint", retry_delay_seconds=1, cache_policy=NO_CACHE)
+def checkpoint(trial: TrialRef, after: StepResult, release: bool = False) -> StepResult:
+    """Checkpoint the trial at the position ``after`` left it; ``release``: end the held
+    trial afterwards (its last segment). Carries the validation forward."""
+    if not trial.holdable:
+        return after
+    at = after.position
+    result = submit_step(trial.request("checkpoint", at, at, release), after.worker, trial.gpus)
+    _log(trial, "checkpoint at batch", result, result.checkpoint)
+    return dataclasses.replace(result, validation=after.validation)
+
+
+def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> None:
+    how = "warm" if result.warm else f"restored from {result.restored_from or 'batch 0'}"
+    get_run_logger().info(
+        "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s)%s",
+        trial.spec.trial_id,
+        trial.mlflow_run_id,
+        what,
+        result.position,
+        result.worker,
+        how,
+        result.seconds,
+        f": {detail}" if detail is not None else "",
     )
-    if not runs:
-        return []
-    records = checkpoint_records(client, runs[0].info.run_id)
-    return [r["uri"] for r in reversed(records)]
-
-
-@task(name="train-segment", retry_delay_seconds=1, log_prints=True)
-def train_segment(
-    config: str,
-    model_dir: str,
-    overrides: list[str],
-    trial_id: int,
-    hparams: dict[str, Any],
-    batches: int | None,
-    run_key: str,
-    parent_run_id: str,
-    experiment_id: str,
-    device: str | None = None,
-    slots: int = 1,
-) -> dict[str, Any]:
-    """Train trial ``trial_id`` up to ``batches`` (resuming from its latest checkpoint),
-    validate and checkpoint; returns the runner's summary."""
-    logger = get_run_logger()
-    resume = resume_candidates(parent_run_id, experiment_id, trial_id)
-    with tempfile.TemporaryDirectory() as tmp:
-        summary_file = Path(tmp) / "summary.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "det_tasks.runner.cli",
-            "run",
-            config,
-            model_dir,
-            "--no-progress",
-            "--trial-id",
-            str(trial_id),
-            "--experiment-run",
-            run_key,
-            "--hparams",
-            json.dumps(hparams),
-            "--summary-file",
-            str(summary_file),
-        ]
-        if batches is not None:
-            cmd += ["--max-batches", str(batches)]
-        for uri in resume:
-            cmd += ["--resume", uri]
-        if resume:
-            logger.info("trial %s resumes from %s", trial_id, resume[0])
-        if device:
-            cmd += ["--device", device]
-        for item in overrides:
-            cmd += ["--param", item]
-        with gpu_lease(slots) as gpu_env:
-            if gpu_env:
-                logger.info("trial %s on GPUs %s", trial_id, gpu_env["CUDA_VISIBLE_DEVICES"])
-            env = {**os.environ, **gpu_env, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-            )
-            tail: list[str] = []
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                line = line.rstrip()
-                tail = [*tail, line][-20:]
-                if line.startswith(("validation @", "checkpoint @", "error:")):
-                    logger.info("trial %s: %s", trial_id, line)
-            code = proc.wait()
-        if code != 0:
-            raise TrialFailed(
-                f"trial {trial_id} failed (exit code {code}); last output:\n" + "\n".join(tail)
-            )
-        return dict(json.loads(summary_file.read_text()))

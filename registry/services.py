@@ -30,6 +30,7 @@ __all__ = [
     "code_version",
     "finish_experiment",
     "start_system_metrics",
+    "trial_run_tags",
     "trial_services",
 ]
 
@@ -43,6 +44,17 @@ def code_version(model_dir: Path) -> str:
         digest.update(path.relative_to(model_dir).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def trial_run_tags(raw_config: dict[str, Any], model_dir: Path, seed: int) -> dict[str, str]:
+    """The tags a trial run is created with (by the trial itself or by the experiment flow,
+    which creates it first so its tasks can name it)."""
+    return {
+        "det.seed": str(seed),
+        "det.code_version": code_version(model_dir),
+        "det.entrypoint": str(raw_config.get("entrypoint")),
+        "det.user": os.environ.get("USER", ""),
+    }
 
 
 def _mkdir(path: Path) -> Path:
@@ -74,17 +86,7 @@ def trial_services(
     runs = ExperimentRuns(
         client, experiment_name, experiment_run_key or uuid_lib.uuid4().hex, raw_config
     )
-    entrypoint = raw_config.get("entrypoint")
-    run_id = runs.trial_run(
-        trial_id,
-        hparams,
-        {
-            "det.seed": str(seed),
-            "det.code_version": code_version(model_dir),
-            "det.entrypoint": str(entrypoint),
-            "det.user": os.environ.get("USER", ""),
-        },
-    )
+    run_id = runs.trial_run(trial_id, hparams, trial_run_tags(raw_config, model_dir, seed))
     s3 = s3_lib.client(settings.s3_endpoint)
     sink = MlflowMetricsSink(client, run_id, spill_dir=settings.cache_dir / "spill" / run_id)
     store = S3CheckpointStore(

@@ -102,6 +102,16 @@ class TrialController:
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> None:
+        self.start()
+        try:
+            self.train_until(self.max_batches)
+            self._finish()
+        finally:
+            self.stop()
+
+    # A held trial (det_tasks.runner.held) drives these steps one task at a time.
+    def start(self) -> None:
+        """Restore, build the data, and run the startup hooks: ready to train."""
         # Determined's order, which fixes the global RNG streams a trial sees: startup
         # callbacks, the data loaders and the training iterator (whose creation draws from
         # the global torch generator), then the checkpoint's state, RNG states included.
@@ -117,30 +127,60 @@ class TrialController:
             watch = getattr(self.sink, "watch_progress", None)  # a progress bar reads our counter
             if watch is not None and self.dist.is_chief:
                 watch(lambda: self.batches_trained, self.epoch_len, self.max_batches)
-            self._train()
-        finally:
-            self._close_data()
             for cb in self.callbacks.values():
-                cb.on_trial_shutdown()
+                cb.on_training_start()
+            if self.options.step_zero_validation and self.batches_trained == 0:
+                self._validate()
+            self._install_before_step_hooks()
+        except BaseException:
+            self.stop()
+            raise
 
-    def _train(self) -> None:
-        for cb in self.callbacks.values():
-            cb.on_training_start()
-        if self.options.step_zero_validation and self.batches_trained == 0:
-            self._validate()
-        self._install_before_step_hooks()
+    def train_until(self, batches: int) -> None:
+        """Train (validating/checkpointing at their periods) until ``batches`` in total or
+        until the trial asks to stop."""
         for model in self.context.models:
             model.train()
         profiler = self.context.profiler
         with profiler if profiler is not None else contextlib.nullcontext():
-            while self.batches_trained < self.max_batches:
+            while self.batches_trained < min(batches, self.max_batches):
                 self._train_batch()
                 if profiler is not None:
                     profiler.step()
                 self._at_boundaries()
                 if self.context.get_stop_requested():
                     break
-        self._finish()
+
+    def validate_now(self) -> dict[str, Any] | None:
+        """Report training and validate at the current batch (once per batch)."""
+        self._report_training()
+        self._timer.flush(self.batches_trained, self.sink if self.dist.is_chief else None)
+        done = self.batches_trained
+        if not self.context.get_stop_requested() and self.last_validation_batch != done:
+            # A validation only because training stops here (not due by its period) leaves
+            # the training stream's RNG state as it was, and a checkpoint here keeps that
+            # state, so a run continued from it, or in memory, equals one that never
+            # stopped (Determined's pause/resume checkpoints without validating).
+            before = ckpt.capture_rng_state(self.context.device)
+            self._rng_for_checkpoint = before
+            try:
+                self._validate()
+            finally:
+                self._rng_for_checkpoint = None
+            ckpt.restore_rng_state(before, self.context.device)
+        return self.latest_validation
+
+    def checkpoint_now(self) -> str | None:
+        """Checkpoint at the current batch (once per batch) and wait for its upload."""
+        if self.last_checkpoint_batch != self.batches_trained:
+            self._checkpoint()
+        self._drain_uploads(wait=True)
+        return self.latest_checkpoint_uuid
+
+    def stop(self) -> None:
+        self._close_data()
+        for cb in self.callbacks.values():
+            cb.on_trial_shutdown()
 
     def _train_batch(self) -> None:
         ctx, idx = self.context, self.batches_trained
@@ -208,19 +248,8 @@ class TrialController:
             self._checkpoint()
 
     def _finish(self) -> None:
-        self._report_training()
-        self._timer.flush(self.batches_trained, self.sink if self.dist.is_chief else None)
-        done = self.batches_trained
-        if not self.context.get_stop_requested() and self.last_validation_batch != done:
-            # A validation only because training ends here (not due by its period): the
-            # checkpoint keeps the training stream's RNG state from before it, so a run
-            # continued from it equals one that never stopped (Determined's pause/resume
-            # checkpoints without validating).
-            self._rng_for_checkpoint = ckpt.capture_rng_state(self.context.device)
-            self._validate()
-        if self.last_checkpoint_batch != done:
-            self._checkpoint()
-        self._drain_uploads(wait=True)
+        self.validate_now()
+        self.checkpoint_now()
 
     # ---- data ---------------------------------------------------------------------------
     def _build_data(self) -> None:
@@ -436,7 +465,7 @@ class TrialController:
         if reference is None:
             return None
         with open_checkpoint(self.store, reference) as path:
-            ckpt.verify(path)
+            metadata = ckpt.verify(path)
             state = ckpt.read_state(path)
             trial_state = state.get(_TRIAL_STATE) or _legacy_trial_state(path)
         self.batches_trained = int(trial_state["batches_trained"])
@@ -444,6 +473,9 @@ class TrialController:
         self.best_metric = trial_state.get("best_metric")
         self.last_validation_batch = trial_state.get("last_validation_batch")
         self.last_checkpoint_batch = self.batches_trained
+        if self.last_validation_batch == self.batches_trained:
+            # Validated just before this checkpoint: its metrics stand for this position.
+            self.latest_validation = (metadata or {}).get("validation_metrics")
         return state
 
     def _read_warm_start(self, reference: str) -> dict[str, Any]:

@@ -237,6 +237,42 @@ class Trainer:
         reported at the end) unless ``configure_profiler`` or the config's ``profiling``
         section chose a window.
         """
+        controller = self._controller(
+            checkpoint_period=checkpoint_period,
+            validation_period=validation_period,
+            max_length=max_length,
+            reporting_period=reporting_period,
+            checkpoint_policy=checkpoint_policy,
+            latest_checkpoint=latest_checkpoint,
+            step_zero_validation=step_zero_validation,
+            test_mode=test_mode,
+            profiling_enabled=profiling_enabled,
+        )
+        controller.run()
+        uuid = controller.latest_checkpoint_uuid
+        store = controller.store
+        return FitResult(
+            batches_trained=controller.batches_trained,
+            checkpoint_uuid=uuid,
+            checkpoint_uri=store.uri(uuid) if uuid and not os.path.isdir(uuid) else uuid,
+            validation_metrics=controller.latest_validation,
+            best_metric=controller.best_metric,
+        )
+
+    def _controller(
+        self,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit = Batch(100),  # noqa: B008 - immutable, as Determined
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        profiling_enabled: bool = False,
+    ) -> TrialController:
+        """fit()'s arguments checked into the loop that runs them; a held trial
+        (det_tasks.runner.held) drives it step by step instead of calling run()."""
         ctx = self._context
         conf = ctx._settings.exp_conf or {}
         searcher = conf.get("searcher") or {}
@@ -265,7 +301,7 @@ class Trainer:
                 "at checkpoint_period and at the end). Pass exp_conf with searcher.metric, or "
                 "use checkpoint_policy='all'",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         store = ctx._checkpoint_store or store_from_config(conf)
         ctx._checkpoint_store = store
@@ -274,16 +310,7 @@ class Trainer:
             options = dataclasses.replace(options, warm_start=warm_start_reference(conf, store))
             ctx._warm_started = True
         sink = ctx._metrics_sink or InMemoryMetricsSink()
-        controller = TrialController(self._trial, ctx, options, sink, store)
-        controller.run()
-        uuid = controller.latest_checkpoint_uuid
-        return FitResult(
-            batches_trained=controller.batches_trained,
-            checkpoint_uuid=uuid,
-            checkpoint_uri=store.uri(uuid) if uuid and not os.path.isdir(uuid) else uuid,
-            validation_metrics=controller.latest_validation,
-            best_metric=controller.best_metric,
-        )
+        return TrialController(self._trial, ctx, options, sink, store)
 
     @staticmethod
     def _resolve_max_length(

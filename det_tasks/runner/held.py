@@ -1,0 +1,198 @@
+"""A trial built once and held in this process between tasks: train to batch N, validate,
+checkpoint, and restore from a checkpoint at a position.
+
+This is what a warm worker (``flows.workers``) keeps between a trial's train, validate and
+checkpoint tasks, so a task costs only its work: no interpreter, import, model build or
+MLflow run set-up per segment. It reuses the local runner's pieces (config, platform
+services, resume choice) and drives the same training loop as ``Trainer.fit`` step by step,
+so a held trial's weights equal ``det-tasks run``'s, segment for segment.
+
+Global RNG state (Python, numpy, torch) is process-wide: each step restores the trial's own
+state before it runs and captures it after, so whatever else ran in this process between two
+steps cannot change the trial's random stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from det_tasks import checkpoint_format as ckpt
+from det_tasks import launch
+from det_tasks.config import sample_hparams
+from det_tasks.errors import ConfigError
+from det_tasks.pytorch import Trainer, init
+from det_tasks.runner.entrypoint import load_trial_class, model_dir_on_path
+from det_tasks.runner.local import _platform_services, _store, _unit, load_raw_config
+from det_tasks.runner.resume import choose_resume_checkpoint
+from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
+from det_tasks.uris import scheme_of
+
+__all__ = ["HeldTrial", "TrialSpec", "holdable"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSpec:
+    """Everything needed to build one trial anywhere (it is sent to workers, so it holds
+    paths and plain values, never a model)."""
+
+    config_path: str
+    model_dir: str
+    overrides: tuple[str, ...]
+    trial_id: int
+    hparams: dict[str, Any]
+    experiment_run_key: str | None = None
+    device: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Names the trial across workers: experiment run and trial id."""
+        return f"{self.experiment_run_key or 'local'}/trial-{self.trial_id}"
+
+
+def holdable(spec: TrialSpec) -> str | None:
+    """None if ``spec``'s trial can be held in one process; else why not (script
+    entrypoints and multi-process trials train whole segments in their own processes)."""
+    _, config = load_raw_config(Path(spec.config_path), list(spec.overrides))
+    if not config.is_trial_class_entrypoint:
+        return "its entrypoint is a script (Trainer API), which runs a whole segment at once"
+    if config.resources.slots_per_trial > 1:
+        return (
+            f"resources.slots_per_trial={config.resources.slots_per_trial} needs a process per "
+            "slot (torchrun/horovodrun)"
+        )
+    return None
+
+
+class HeldTrial:
+    """One PyTorchTrial, built and kept in memory; its position is ``position`` batches."""
+
+    def __init__(self, spec: TrialSpec, resume: Sequence[str] | None = None) -> None:
+        """Build the trial and restore it from the first intact checkpoint in ``resume``
+        (newest first); with none, it starts at batch 0."""
+        self.spec = spec
+        raw, config = load_raw_config(Path(spec.config_path), list(spec.overrides))
+        why_not = holdable(spec)
+        if why_not is not None:
+            raise ConfigError(f"trial {spec.trial_id} cannot be held in one process: {why_not}")
+        model_dir = Path(spec.model_dir)
+        if not model_dir.is_dir():
+            raise ConfigError(f"model directory {spec.model_dir!r} does not exist")
+        hparams = spec.hparams or sample_hparams(
+            config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
+        )
+        gbs = hparams.get("global_batch_size")
+        self._stack = contextlib.ExitStack()
+        try:
+            services = self._stack.enter_context(
+                _platform_services(
+                    raw,
+                    config,
+                    hparams,
+                    model_dir,
+                    Path(spec.config_path),
+                    None,
+                    str(spec.trial_id),
+                    spec.experiment_run_key,
+                )
+            )
+            store = services.checkpoint_store if services else _store(raw, None)
+            sink: MetricsSink = services.metrics_sink if services else InMemoryMetricsSink()
+            self._stack.callback(sink.close)
+            # Entered per step, not held: a context variable set in one task cannot be
+            # reset in another (each runs in its own contextvars context).
+            self._services = services
+            self._stack.enter_context(model_dir_on_path(model_dir))
+            latest = choose_resume_checkpoint(store, list(resume) if resume else None)
+            assert isinstance(config.entrypoint, str)
+            trial_class = load_trial_class(config.entrypoint, model_dir)
+            scope = launch.services(services) if services else contextlib.nullcontext()
+            with scope:
+                context = self._stack.enter_context(
+                    init(
+                        hparams=hparams,
+                        exp_conf=raw,
+                        metrics_sink=sink,
+                        checkpoint_store=store,
+                        device=spec.device,
+                        seed=config.reproducibility.experiment_seed,
+                        model_dir=model_dir,
+                    )
+                )
+                self._device = context.device
+                self._controller = Trainer(trial_class(context), context)._controller(
+                    max_length=_unit(config, config.max_length, gbs),
+                    validation_period=_unit(config, config.min_validation_period, gbs),
+                    checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
+                    checkpoint_policy=config.checkpoint_policy,
+                    latest_checkpoint=latest,
+                    step_zero_validation=config.perform_initial_validation,
+                )
+                self._controller.start()
+                self._stack.callback(self._controller.stop)
+                self._rng = ckpt.capture_rng_state(self._device)
+        except BaseException as err:
+            self._stack.__exit__(type(err), err, err.__traceback__)
+            raise
+        self.hparams = hparams
+        self.restored_from = latest
+        self.max_batches = self._controller.max_batches
+
+    @property
+    def position(self) -> int:
+        """Batches trained so far."""
+        return self._controller.batches_trained
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._controller.context.get_stop_requested())
+
+    def train_to(self, batches: int) -> int:
+        """Train until ``batches`` in total (or until the trial asks to stop); returns the
+        position reached. Periodic validations and checkpoints happen on the way."""
+        if batches < self.position:
+            raise ValueError(
+                f"trial {self.spec.trial_id} is at batch {self.position}, past {batches}: "
+                "restore an earlier checkpoint to go back"
+            )
+        with self._step():
+            self._controller.train_until(batches)
+        return self.position
+
+    def validate(self) -> dict[str, Any] | None:
+        """Validation metrics at the current position (computed once per position)."""
+        with self._step():
+            return self._controller.validate_now()
+
+    def checkpoint(self) -> tuple[str | None, str | None]:
+        """Checkpoint at the current position (once per position); (uuid, uri)."""
+        with self._step():
+            uuid = self._controller.checkpoint_now()
+        if uuid is None or scheme_of(uuid) is not None or Path(uuid).is_dir():
+            return uuid, uuid  # restored from this reference, nothing newer written
+        return uuid, self._controller.store.uri(uuid)
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the trial: its data, hooks, context and MLflow run (ended FAILED when
+        ``error`` is given). Idempotent."""
+        stack, self._stack = self._stack, contextlib.ExitStack()
+        with launch.services(self._services) if self._services else contextlib.nullcontext():
+            if error is None:
+                stack.close()
+            else:
+                stack.__exit__(type(error), error, error.__traceback__)
+
+    @contextlib.contextmanager
+    def _step(self) -> Iterator[None]:
+        """The trial's own RNG state and run services for the duration of one step."""
+        scope = launch.services(self._services) if self._services else contextlib.nullcontext()
+        ckpt.restore_rng_state(self._rng, self._device)
+        try:
+            with scope:
+                yield
+        finally:
+            self._rng = ckpt.capture_rng_state(self._device)

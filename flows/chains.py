@@ -1,0 +1,261 @@
+"""An experiment's trials as chains of Prefect tasks on warm workers.
+
+Each segment the searcher hands out (train trial T until batch B) becomes three tasks,
+submitted one after another as each finishes, each taking the previous one as its input:
+``train trial-T [A→B)`` -> ``validate trial-T @B`` -> ``checkpoint trial-T @B``; the next
+segment of the same trial (an ASHA promotion) takes that checkpoint task as its input, so
+Prefect's graph draws every trial as one chain. At most ``max_concurrent_trials`` segments
+run at once; a trial the searcher continues right away starts first, on the worker that
+still holds it. A trial it does not continue is released (its worker frees the memory, GPU
+included) until a promotion restores it from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
+from typing import Any
+
+import distributed
+
+from det_tasks.config import ExperimentConfig
+from det_tasks.runner.held import TrialSpec, holdable
+from det_tasks.searcher import Searcher, Work
+from flows.engine import Placement
+from flows.tasks import TrialRef, checkpoint, train, validate
+from flows.trial_table import TrialTable
+from flows.workers import StepResult, run_step
+from registry.services import trial_run_tags
+from registry.tracking import ExperimentRuns
+
+__all__ = ["STATE_TAG", "TrialChains", "final_segment"]
+
+STATE_TAG = "det.searcher_state"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stage:
+    work: Work
+    ref: TrialRef
+    kind: str
+    future: Any  # PrefectFuture
+    release: bool = False
+
+
+def final_segment(work: Work, cfg: ExperimentConfig) -> bool:
+    return work.batches is None or work.batches == cfg.max_length.value
+
+
+class TrialChains:
+    """Submits and follows every trial's task chain for one experiment run."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        raw: dict[str, Any],
+        runs: ExperimentRuns,
+        config_path: Path,
+        model_path: Path,
+        overrides: list[str],
+        run_key: str,
+        package: str | None,
+        table: TrialTable,
+        placement: Placement,
+    ) -> None:
+        self.cfg, self.raw, self.runs = cfg, raw, runs
+        self.config_path, self.model_path = config_path, model_path
+        self.overrides, self.run_key, self.package = overrides, run_key, package
+        self.table = table
+        self.placement = placement
+        self.refs: dict[int, TrialRef] = {}
+        self.last: dict[int, Any] = {}  # trial -> its latest checkpoint task's future
+        self.position: dict[int, int] = {}
+        self.releases: list[distributed.Future] = []
+        self.best: dict[str, Any] | None = None
+
+    def run(self, todo: list[Work], searcher: Searcher, limit: int) -> dict[str, Any] | None:
+        """Run until the searcher has no more work; returns the best trial's summary."""
+        running: dict[Future[Any], _Stage] = {}
+        active = 0
+        while todo or running:
+            while todo and active < limit:
+                stage = self._start(todo.pop(0))
+                running[_as_future(stage.future)] = stage
+                active += 1
+            done, _ = wait_futures(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                stage = running.pop(fut)
+                try:
+                    result: StepResult = fut.result()
+                except BaseException:
+                    self.table.set_state(stage.work.trial_id, "FAILED")
+                    self.table.publish()
+                    raise
+                self.placement.ran(stage.work.trial_id, result.worker)
+                nxt = self._next(stage, result)
+                if nxt is not None:
+                    running[_as_future(nxt.future)] = nxt
+                    continue
+                active -= 1
+                todo[:0], later = self._segment_done(stage, result, searcher)
+                todo.extend(later)
+        for row in self.table.rows.values():
+            if row.state == "PAUSED":
+                row.state = "STOPPED"
+        return self.best
+
+    def wait_releases(self, timeout_s: float = 120.0) -> None:
+        if self.releases:
+            distributed.wait(self.releases, timeout=timeout_s)
+
+    # ---- steps --------------------------------------------------------------------------
+    def _start(self, work: Work) -> _Stage:
+        ref = self._ref(work)
+        trial_id = work.trial_id
+        start = self.position.get(trial_id, 0)
+        stop = work.batches if work.batches is not None else self.cfg.max_length.value
+        worker = self.placement.claim(trial_id)
+        self.table.set_state(trial_id, "RUNNING")
+        future = train.with_options(
+            task_run_name=f"train trial-{trial_id} [{start}→{stop})",
+            tags=ref.tags,
+            retries=self.cfg.max_restarts,
+        ).submit(ref, start, stop, after=self.last.get(trial_id), worker=worker)
+        return _Stage(work, ref, "train", future)
+
+    def _next(self, stage: _Stage, result: StepResult) -> _Stage | None:
+        trial_id, ref = stage.work.trial_id, stage.ref
+        options: dict[str, Any] = {"tags": ref.tags, "retries": self.cfg.max_restarts}
+        if stage.kind == "train":
+            name = f"validate trial-{trial_id} @{result.position}"
+            future = validate.with_options(task_run_name=name, **options).submit(
+                ref, after=stage.future
+            )
+            return _Stage(stage.work, ref, "validate", future)
+        if stage.kind == "validate":
+            release = final_segment(stage.work, self.cfg) or result.stop_requested
+            name = f"checkpoint trial-{trial_id} @{result.position}"
+            future = checkpoint.with_options(task_run_name=name, **options).submit(
+                ref, after=stage.future, release=release
+            )
+            return _Stage(stage.work, ref, "checkpoint", future, release)
+        return None
+
+    def _segment_done(
+        self, stage: _Stage, result: StepResult, searcher: Searcher
+    ) -> tuple[list[Work], list[Work]]:
+        """Report to the searcher; returns (this trial's continuation, other new work)."""
+        work, trial_id = stage.work, stage.work.trial_id
+        self.last[trial_id] = stage.future
+        self.position[trial_id] = result.position
+        self.placement.done(trial_id)
+        metric = searcher_metric(result.validation, self.cfg)
+        new = searcher.report(trial_id, result.position, metric)
+        persist(searcher, self.runs)
+        mine = [w for w in new if w.trial_id == trial_id]
+        others = [w for w in new if w.trial_id != trial_id]
+        self.table.segment_done(trial_id, result.position, metric, result.checkpoint)
+        if stage.release:
+            self.table.set_state(trial_id, "COMPLETED")
+        elif not mine:
+            self.table.set_state(trial_id, "PAUSED")
+            self._release(stage.ref, result)
+        self.table.publish()
+        if self.best is None or better(metric, self.best["metric"], self.cfg):
+            self.best = {
+                "trial_id": trial_id,
+                "metric": metric,
+                "hparams": work.hparams,
+                "checkpoint": result.checkpoint,
+                "batches_trained": result.position,
+            }
+        return mine, others
+
+    def _release(self, ref: TrialRef, result: StepResult) -> None:
+        """Free the paused trial's worker (fire and forget; awaited at the end)."""
+        if not ref.holdable:
+            return
+        request = ref.request("release", result.position, result.position)
+        client = distributed.default_client()
+        self.releases.append(
+            client.submit(
+                run_step, request, pure=False, workers=[result.worker], allow_other_workers=True
+            )
+        )
+
+    def _ref(self, work: Work) -> TrialRef:
+        if work.trial_id not in self.refs:
+            spec = TrialSpec(
+                config_path=str(self.config_path),
+                model_dir=str(self.model_path),
+                overrides=tuple(self.overrides),
+                trial_id=work.trial_id,
+                hparams=work.hparams,
+                experiment_run_key=self.run_key,
+            )
+            run_id = self.runs.trial_run(
+                str(work.trial_id),
+                work.hparams,
+                trial_run_tags(
+                    self.raw, self.model_path.resolve(), self.cfg.reproducibility.experiment_seed
+                ),
+            )
+            self.refs[work.trial_id] = TrialRef(
+                spec=spec,
+                parent_run_id=self.runs.parent_run_id,
+                experiment_id=self.runs.experiment_id,
+                mlflow_run_id=run_id,
+                holdable=holdable(spec) is None,
+                package=self.package,
+                config_yaml=self.config_path.read_text(encoding="utf-8") if self.package else None,
+                gpus=self.cfg.resources.slots_per_trial if self.placement.gpus else 0,
+            )
+            self.table.add(work.trial_id, work.hparams, run_id)
+        return self.refs[work.trial_id]
+
+
+def searcher_metric(validation: dict[str, Any] | None, config: ExperimentConfig) -> float:
+    metrics = validation or {}
+    name = config.searcher.metric
+    if name not in metrics:
+        raise RuntimeError(
+            f"searcher.metric {name!r} is not among the validation metrics {sorted(metrics)}"
+        )
+    return float(metrics[name])
+
+
+def better(value: float, than: float, cfg: ExperimentConfig) -> bool:
+    if math.isnan(than):
+        return True
+    return value < than if cfg.searcher.smaller_is_better else value > than
+
+
+def persist(searcher: Searcher, runs: ExperimentRuns) -> None:
+    runs.client.set_tag(runs.parent_run_id, STATE_TAG, json.dumps(searcher.state())[:7900])
+
+
+def _as_future(prefect_future: Any) -> Future[Any]:
+    """A concurrent.futures view of a PrefectFuture, so one wait() covers all trials
+    (ThreadPoolTaskRunner futures wrap a concurrent.futures.Future)."""
+    wrapped = getattr(prefect_future, "wrapped_future", None)
+    if isinstance(wrapped, Future):
+        proxy: Future[Any] = Future()
+
+        def _done(f: Future[Any]) -> None:
+            try:
+                proxy.set_result(prefect_future.result())
+            except BaseException as err:  # surfaced by fut.result() in the flow
+                proxy.set_exception(err)
+
+        wrapped.add_done_callback(_done)
+        return proxy
+    proxy = Future()
+    try:
+        proxy.set_result(prefect_future.result())
+    except BaseException as err:
+        proxy.set_exception(err)
+    return proxy

@@ -1,0 +1,223 @@
+"""The engine behind experiments: a Dask cluster of warm worker processes.
+
+- ``dask_client(n)`` connects to the scheduler named by ``DET_TASKS_DASK_SCHEDULER``
+  (``tcp://host:8786``: one experiment then uses every worker of that cluster, on any number
+  of hosts), or starts an embedded ``LocalCluster`` of ``n`` single-threaded worker
+  processes for this flow run. On a host with GPUs the embedded cluster has one worker per
+  ``slots`` GPUs, each seeing only its own (``CUDA_VISIBLE_DEVICES``) and advertising them
+  as the Dask resource ``GPU``; steps then ask for ``GPU=slots``, so Dask, not lock files,
+  keeps two trials off one GPU.
+- ``submit_step`` runs one position-addressed step (``flows.workers.run_step``) on a
+  worker; ``Placement`` keeps a trial's steps on the worker that holds it in memory (Dask
+  worker restrictions, loose: if that worker is gone Dask runs the step elsewhere and the
+  step restores the trial from its checkpoint).
+
+Dask does the scheduling, transport, worker lifecycles and failure detection; this module
+only chooses which worker a trial prefers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
+from distributed.utils import get_mp_context
+
+from flows.workers import PLUGIN_NAME, HeldTrialPlugin, StepRequest, StepResult, run_step
+
+__all__ = [
+    "SCHEDULER_ENV",
+    "Placement",
+    "background_cluster",
+    "dask_client",
+    "embedded_cluster",
+    "release_everywhere",
+    "submit_step",
+]
+
+SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"
+
+
+@contextlib.contextmanager
+def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
+    """A Dask client (also the process's default client) with the held-trial plugin
+    registered on every worker, present and future; an embedded cluster is closed after."""
+    address = os.environ.get(SCHEDULER_ENV)
+    if address:
+        with Client(address, set_as_default=True) as client:
+            _register(client)
+            yield client
+        return
+    with embedded_cluster(n_workers, gpu_slots) as cluster, Client(cluster) as client:
+        _register(client)
+        yield client
+
+
+def _register(client: Client) -> None:
+    client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
+
+
+def _warm_forkserver() -> None:
+    """Worker processes fork from one server that has imported torch, the harness and the
+    MLflow/S3 clients once: a worker (or its restart after a crash or recycling) starts
+    warm in well under a second instead of importing them itself."""
+    ctx = get_mp_context()  # Dask sets its own forkserver preload list on first use
+    ctx.set_forkserver_preload(["__main__", "distributed", "flows.workers"])
+
+
+@contextlib.contextmanager
+def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Iterator[Any]:
+    """A cluster of ``n_workers`` single-threaded worker processes on this host, its
+    scheduler on ``port`` (0: any free port); see the module docstring for GPU hosts."""
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    settings = {
+        # A lost worker fails its step at once (KilledWorker), so the flow's retry policy
+        # (max_restarts) decides, rather than Dask silently re-running it elsewhere.
+        "distributed.scheduler.allowed-failures": 0,
+        "distributed.worker.multiprocessing-method": "forkserver",
+    }
+    with dask.config.set(settings):
+        _warm_forkserver()
+        gpus = _gpu_count()
+        if gpus:
+            groups = [
+                list(range(i, i + gpu_slots)) for i in range(0, gpus - gpu_slots + 1, gpu_slots)
+            ]
+            workers = {
+                f"gpu-{'-'.join(map(str, group))}": {
+                    "cls": Nanny,
+                    "options": {
+                        "nthreads": 1,
+                        "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, group))},
+                        "resources": {"GPU": len(group)},
+                    },
+                }
+                for group in groups[: max(1, n_workers)]
+            }
+            scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "port": port}}
+            with SpecCluster(workers=workers, scheduler=scheduler) as cluster:
+                yield cluster
+            return
+        with LocalCluster(
+            n_workers=max(1, n_workers),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            scheduler_port=port,
+        ) as cluster:
+            yield cluster
+
+
+@contextlib.contextmanager
+def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
+    """Start an embedded cluster in a thread, so its workers come up while the caller does
+    other start-up work (the no-server mode: Prefect's ephemeral server); yields its address
+    at once and points ``DET_TASKS_DASK_SCHEDULER`` at it for the block (clients wait for
+    the scheduler to come up)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    stop = threading.Event()
+
+    def hold() -> None:
+        try:
+            with embedded_cluster(n_workers, gpu_slots, port):
+                stop.wait()
+        except Exception:  # the flow's client then fails to connect, naming the address
+            logging.getLogger(__name__).exception("the embedded Dask cluster failed")
+
+    thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
+    thread.start()
+    before = os.environ.get(SCHEDULER_ENV)
+    os.environ[SCHEDULER_ENV] = address
+    try:
+        yield address
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        if before is None:
+            os.environ.pop(SCHEDULER_ENV, None)
+        else:
+            os.environ[SCHEDULER_ENV] = before
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
+    """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
+    and wait for its result; a lost worker surfaces as distributed.KilledWorker."""
+    client = default_client()
+    future = client.submit(
+        run_step,
+        request,
+        key=f"{request.kind}-trial-{request.trial.trial_id}-{request.stop}-{uuid.uuid4().hex[:8]}",
+        pure=False,
+        workers=[worker] if worker else None,
+        allow_other_workers=True,
+        resources={"GPU": gpus} if gpus else None,
+    )
+    result: StepResult = future.result()
+    return result
+
+
+def release_everywhere(client: Client) -> int:
+    """End every held trial on every worker (closing their MLflow runs); the count."""
+    from flows.workers import release_all
+
+    return sum(int(n) for n in client.run(release_all).values())
+
+
+class Placement:
+    """Which worker each trial prefers: the one that holds it, while no other running
+    trial has claimed that worker; a trial starting a segment otherwise gets a worker no
+    running trial has claimed (Dask picks when every worker is claimed)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.home: dict[int, str] = {}
+        self.claimed: dict[str, int] = {}
+        info = client.scheduler_info(n_workers=-1)
+        self.gpus = any(w.get("resources", {}).get("GPU") for w in info["workers"].values())
+
+    def workers(self) -> list[str]:
+        return list(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def claim(self, trial_id: int) -> str | None:
+        """A worker for the trial's next segment (None: let Dask choose)."""
+        workers = self.workers()
+        home = self.home.get(trial_id)
+        if home in workers and home not in self.claimed:
+            choice: str | None = home
+        else:
+            homes = set(self.home.values())
+            free = [w for w in workers if w not in self.claimed]
+            # Prefer a worker that holds no trial at all, then any unclaimed one.
+            free.sort(key=lambda w: w in homes)
+            choice = free[0] if free else None
+        if choice is not None:
+            self.claimed[choice] = trial_id
+        return choice
+
+    def ran(self, trial_id: int, worker: str) -> None:
+        """The trial's step ran on ``worker``: it holds the trial now (and nothing else)."""
+        self.home = {t: w for t, w in self.home.items() if w != worker}
+        self.home[trial_id] = worker
+        self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
+        self.claimed.setdefault(worker, trial_id)
+
+    def done(self, trial_id: int) -> None:
+        """The trial's segment ended: its worker may take another trial."""
+        self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}

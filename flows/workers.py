@@ -1,0 +1,318 @@
+"""The warm-worker side of the experiment flow: what runs inside a Dask worker process.
+
+Each worker holds at most one trial in memory (``det_tasks.runner.held.HeldTrial``) in a
+Dask ``WorkerPlugin``, between that trial's train, validate and checkpoint tasks. Steps are
+position-addressed: a step says at which batch it needs the trial. A worker that holds the
+trial there uses it as it is; otherwise (a retry, another worker, a restarted worker) it
+drops what it holds, restores the trial's newest checkpoint at or before that batch and
+replays the batches in between, which the harness's exact resume makes bit-identical.
+
+Trials that cannot be held in one process (script entrypoints, ``slots_per_trial > 1``)
+train a whole segment per step in a ``det-tasks run`` process the worker starts (which
+launches the torchrun/horovodrun world for multi-slot trials).
+
+Recycling: a worker process restarts (Dask's Nanny brings up a fresh one) after it has
+built ``DET_TASKS_WORKER_MAX_TRIALS`` trials (default 16), at the moment it releases one, so
+leaks in user code cannot accumulate and no trial is interrupted by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed import Worker, WorkerPlugin, get_worker
+
+from det_tasks.runner.held import HeldTrial, TrialSpec
+from registry.checkpoints import checkpoint_records
+from registry.settings import RegistrySettings
+from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
+
+__all__ = [
+    "PLUGIN_NAME",
+    "HeldTrialPlugin",
+    "StepRequest",
+    "StepResult",
+    "TrialFailed",
+    "release_all",
+    "resume_candidates",
+    "run_step",
+]
+
+PLUGIN_NAME = "det-tasks-held-trial"
+STEP_KINDS = ("train", "validate", "checkpoint", "segment", "release")
+
+
+class TrialFailed(RuntimeError):
+    """A trial's own process exited with an error; the message carries its last output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRequest:
+    """One position-addressed step of a trial: the trial must be at a batch in
+    [``start``, ``stop``] to begin; train steps then train to ``stop``."""
+
+    trial: TrialSpec
+    kind: str
+    start: int
+    stop: int
+    parent_run_id: str
+    experiment_id: str
+    package: str | None = None  # s3://.../packages/<sha>.tar.gz: unpacked on the worker
+    config_yaml: str | None = None  # with a package: the experiment config's text
+    release_after: bool = False  # end the held trial (its MLflow run) after this step
+
+    def __post_init__(self) -> None:
+        if self.kind not in STEP_KINDS:
+            raise ValueError(f"step kind must be one of {STEP_KINDS}, got {self.kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """Where and how a step ran, and what it produced."""
+
+    worker: str
+    host: str
+    pid: int
+    position: int
+    warm: bool  # the trial was held here already, at a usable position
+    seconds: float  # the step's time inside the worker (the work, plus any restore)
+    restored_from: str | None = None
+    validation: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    stop_requested: bool = False
+
+
+def resume_candidates(
+    parent_run_id: str, experiment_id: str, trial_id: int, at_most: int | None = None
+) -> list[str]:
+    """URIs of the trial's checkpoints at or before batch ``at_most``, newest first (the
+    first intact one is used); empty if it has none yet."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        return []
+    client = client_for(settings.tracking_uri)
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent_run_id}'"
+        ),
+        max_results=1,
+    )
+    if not runs:
+        return []
+    records = checkpoint_records(client, runs[0].info.run_id)
+    usable = [r for r in records if at_most is None or r["steps_completed"] <= at_most]
+    return [r["uri"] for r in reversed(usable)]
+
+
+class HeldTrialPlugin(WorkerPlugin):
+    """A worker's held trial (one at a time) and its unpacked model packages."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self, max_trials: int | None = None) -> None:
+        self.max_trials = max_trials or int(os.environ.get("DET_TASKS_WORKER_MAX_TRIALS", "16"))
+        self.held: HeldTrial | None = None
+        self.built = 0
+        self.packages: dict[str, Path] = {}
+        self.worker: Worker | None = None
+
+    def setup(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def teardown(self, worker: Worker) -> None:
+        self.release()
+        for model in self.packages.values():
+            shutil.rmtree(model.parent, ignore_errors=True)
+
+    def trial_at(self, request: StepRequest, spec: TrialSpec) -> tuple[HeldTrial, bool]:
+        """The trial at a batch in [start, stop]: the held one, or restored and replayed."""
+        held = self.held
+        if (
+            held is not None
+            and held.spec.key == spec.key
+            and request.start <= held.position <= request.stop
+        ):
+            return held, True
+        self.release()
+        resume = resume_candidates(
+            request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
+        )
+        self.held = HeldTrial(spec, resume)
+        self.built += 1
+        if self.held.position < request.start:
+            self.held.train_to(request.start)  # replay: exact, from the restored checkpoint
+        return self.held, False
+
+    def release(self, error: BaseException | None = None) -> None:
+        """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        try:
+            held.close(error)
+        finally:
+            del held
+            gc.collect()
+            _empty_cuda_cache()
+            if self.built >= self.max_trials and self.worker is not None:
+                self._recycle(self.worker)
+
+    def local_spec(self, request: StepRequest) -> TrialSpec:
+        """The trial spec with paths on this worker: a model package is downloaded and
+        unpacked once per worker, the config written next to it."""
+        if request.package is None:
+            return request.trial
+        from registry.packages import fetch_package
+
+        if request.package not in self.packages:
+            self.packages[request.package] = fetch_package(request.package)
+        model = self.packages[request.package]
+        text = request.config_yaml or ""
+        config = model.parent / f"config-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+        if not config.exists():
+            config.write_text(text, encoding="utf-8")
+        return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
+
+    @staticmethod
+    def _recycle(worker: Worker) -> None:
+        worker.loop.add_callback(worker.close_gracefully, restart=True)
+
+
+def run_step(request: StepRequest) -> StepResult:
+    """Run one step on this worker (the function the flow's tasks submit to Dask)."""
+    worker = get_worker()
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, HeldTrialPlugin):
+        raise RuntimeError(
+            f"worker {worker.address} has no {PLUGIN_NAME!r} plugin: connect through "
+            "flows.engine.dask_client(), which registers it"
+        )
+    started = time.perf_counter()
+    spec = plugin.local_spec(request)
+    if request.kind == "release":
+        held = plugin.held
+        if held is not None and held.spec.key == spec.key and held.position == request.stop:
+            plugin.release()
+        return _result(worker, request.stop, True, started)
+    if request.kind == "segment":
+        return _segment(worker, request, spec, started)
+    trial, warm = plugin.trial_at(request, spec)
+    restored = None if warm else trial.restored_from
+    try:
+        validation, uri = None, None
+        if request.kind == "train":
+            trial.train_to(request.stop)
+        elif request.kind == "validate":
+            validation = trial.validate()
+        else:
+            _, uri = trial.checkpoint()
+        result = _result(
+            worker,
+            trial.position,
+            warm,
+            started,
+            restored_from=restored,
+            validation=validation,
+            checkpoint=uri,
+            stop_requested=trial.stop_requested,
+        )
+    except BaseException as err:
+        plugin.release(err)
+        raise
+    if request.release_after:
+        plugin.release()
+    return result
+
+
+def release_all(dask_worker: Worker) -> int:
+    """End whatever trial this worker holds (``client.run`` passes ``dask_worker``, at the
+    end of an experiment); returns the number released."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, HeldTrialPlugin) or plugin.held is None:
+        return 0
+    plugin.release()
+    return 1
+
+
+def _result(worker: Worker, position: int, warm: bool, started: float, **more: Any) -> StepResult:
+    return StepResult(
+        worker=str(worker.address),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        position=position,
+        warm=warm,
+        seconds=round(time.perf_counter() - started, 4),
+        **more,
+    )
+
+
+def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: float) -> StepResult:
+    """Train to ``stop`` with validation and checkpoint in a ``det-tasks run`` process."""
+    resume = resume_candidates(
+        request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        summary_file = Path(tmp) / "summary.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "det_tasks.runner.cli",
+            "run",
+            spec.config_path,
+            spec.model_dir,
+            "--no-progress",
+            "--trial-id",
+            str(spec.trial_id),
+            "--hparams",
+            json.dumps(spec.hparams),
+            "--summary-file",
+            str(summary_file),
+            "--max-batches",
+            str(request.stop),
+        ]
+        if spec.experiment_run_key:
+            cmd += ["--experiment-run", spec.experiment_run_key]
+        for uri in resume:
+            cmd += ["--resume", uri]
+        if spec.device:
+            cmd += ["--device", spec.device]
+        for item in spec.overrides:
+            cmd += ["--param", item]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        )
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.splitlines()[-20:])
+            raise TrialFailed(
+                f"trial {spec.trial_id} failed (exit code {proc.returncode}); last output:\n{tail}"
+            )
+        summary = json.loads(summary_file.read_text())
+    return _result(
+        worker,
+        int(summary["batches_trained"]),
+        False,
+        started,
+        restored_from=resume[0] if resume else None,
+        validation=summary.get("validation"),
+        checkpoint=summary.get("checkpoint"),
+    )
+
+
+def _empty_cuda_cache() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

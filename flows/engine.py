@@ -31,7 +31,15 @@ import dask
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
 from distributed.utils import get_mp_context
 
-from flows.workers import PLUGIN_NAME, HeldTrialPlugin, StepRequest, StepResult, run_step
+from flows.devices import gpu_count, gpu_groups
+from flows.workers import (
+    PLUGIN_NAME,
+    HeldTrialPlugin,
+    StepRequest,
+    StepResult,
+    release_all,
+    run_step,
+)
 
 __all__ = [
     "SCHEDULER_ENV",
@@ -86,11 +94,8 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
     }
     with dask.config.set(settings):
         _warm_forkserver()
-        gpus = _gpu_count()
+        gpus = gpu_count()
         if gpus:
-            groups = [
-                list(range(i, i + gpu_slots)) for i in range(0, gpus - gpu_slots + 1, gpu_slots)
-            ]
             workers = {
                 f"gpu-{'-'.join(map(str, group))}": {
                     "cls": Nanny,
@@ -100,7 +105,7 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
                         "resources": {"GPU": len(group)},
                     },
                 }
-                for group in groups[: max(1, n_workers)]
+                for group in gpu_groups(gpus, gpu_slots, max(1, n_workers))
             }
             scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "port": port}}
             with SpecCluster(workers=workers, scheduler=scheduler) as cluster:
@@ -150,12 +155,6 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
             os.environ[SCHEDULER_ENV] = before
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
     """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
     and wait for its result; a lost worker surfaces as distributed.KilledWorker."""
@@ -175,8 +174,6 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
 
 def release_everywhere(client: Client) -> int:
     """End every held trial on every worker (closing their MLflow runs); the count."""
-    from flows.workers import release_all
-
     return sum(int(n) for n in client.run(release_all).values())
 
 

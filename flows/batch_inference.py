@@ -102,12 +102,15 @@ def plan_shards(
 @contextlib.contextmanager
 def _engine(workers: int) -> Iterator[Any]:
     """The warm Dask workers when the engine exists, else ``workers`` worker processes."""
+    engine: Any = None
     try:
-        from flows.engine import dask_client  # type: ignore[import-not-found, unused-ignore]
+        from flows.engine import dask_client
+
+        engine = dask_client
     except ImportError:
-        dask_client = None
-    if dask_client is not None:
-        with dask_client(n_workers=workers) as client:
+        pass
+    if engine is not None:
+        with engine(n_workers=workers) as client:
             yield client
         return
     context = multiprocessing.get_context("forkserver")

@@ -87,11 +87,11 @@ def _release_held_trial() -> None:
     with contextlib.suppress(Exception):
         from distributed import get_worker
 
-        from flows.workers import PLUGIN_NAME  # type: ignore[import-not-found, unused-ignore]
+        from flows.workers import PLUGIN_NAME, HeldTrialPlugin
 
         plugin = get_worker().plugins.get(PLUGIN_NAME)
-        if plugin is not None and getattr(plugin, "held", None) is not None:
-            plugin.release()
+        if isinstance(plugin, HeldTrialPlugin):
+            plugin.release()  # a no-op when it holds nothing
 
 
 def run_shard(req: ShardRequest) -> dict[str, Any]:

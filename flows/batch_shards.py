@@ -27,7 +27,9 @@ import pyarrow.parquet as pq
 import torch
 
 from det_tasks.batch_data import load_dataset, model_input, shard_batches
+from det_tasks.checkpoint_format import verify
 from det_tasks.pytorch import load_trial_from_checkpoint_path
+from det_tasks.pytorch._load import _check_code_trusted as check_code_trusted
 from det_tasks.uris import open_checkpoint_uri
 from registry import parquet_dataset
 from registry import s3 as s3_lib
@@ -53,20 +55,29 @@ def shard_name(shard: int, num_shards: int) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def _model(source: str) -> tuple[Any, Path | None]:
-    """The trial and its code directory, once per worker process."""
-    stack = contextlib.ExitStack()  # kept open for the worker's life (a cached download)
+def _code_dir(source: str) -> Path | None:
+    """The checkpoint's ``code/`` directory (where dataset functions live), once per process;
+    importing from it runs its code, so the checkpoint must pass the same trust check as
+    ``load_trial_from_checkpoint_path`` (signed here, or from the registry)."""
+    stack = contextlib.ExitStack()  # kept open for the process's life (a cached download)
     directory = stack.enter_context(open_checkpoint_uri(source))
+    check_code_trusted(source, directory, verify(directory), trust_code=False)
     code = directory / "code"
+    return code if code.is_dir() else None
+
+
+@functools.lru_cache(maxsize=2)
+def _model(source: str) -> Any:
+    """The trial, loaded once per worker process and kept between shards."""
     trial = load_trial_from_checkpoint_path(source)
     for model in trial.context.models:
         model.eval()
-    return trial, code if code.is_dir() else None
+    return trial
 
 
 @functools.lru_cache(maxsize=2)
 def _dataset(source: str, spec: str) -> torch.utils.data.Dataset:
-    return load_dataset(spec, _model(source)[1])
+    return load_dataset(spec, _code_dir(source))
 
 
 def _batches(req: ShardRequest) -> Iterator[tuple[np.ndarray, Any]]:
@@ -102,7 +113,7 @@ def run_shard(req: ShardRequest) -> dict[str, Any]:
     if s3_lib.object_exists(s3, location):
         return {"shard": req.shard, "skipped": True, "rows": 0, "seconds": 0.0}
     _release_held_trial()
-    trial, _ = _model(req.model_source)
+    trial = _model(req.model_source)
     predict = getattr(trial, "predict_batch", None) or trial.context.models[0]
     rows = 0
     scratch = Path(tempfile.mkdtemp(prefix="det-tasks-shard-"))

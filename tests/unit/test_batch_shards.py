@@ -79,3 +79,19 @@ def test_bad_dataset_specs_are_refused_before_any_shard(
     with pytest.raises(ConfigError, match=message):
         plan_shards(checkpoint, dataset, 2, tmp_path.as_uri(), 4, **kwargs)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_not_signed_here_does_not_run_its_dataset_code(checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from det_tasks.errors import CheckpointError
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(checkpoint, foreign)
+    meta = json.loads((foreign / "metadata.json").read_text())
+    meta["signature"] = "0" * 64
+    (foreign / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="not written by this installation"):
+        plan_shards(str(foreign), "model_def:numbers", 2, (tmp_path / "out").as_uri(), 4)
+    assert not (tmp_path / "out").exists()

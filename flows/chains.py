@@ -124,11 +124,20 @@ class TrialChains:
             task_run_name=f"train trial-{trial_id} [{start}→{stop})",
             tags=ref.tags,
             retries=self.cfg.max_restarts,
-        ).submit(ref, start, stop, after=self.last.get(trial_id), worker=worker)
+        ).submit(
+            ref,
+            start,
+            stop,
+            after=self.last.get(trial_id),
+            worker=worker,
+            experiment_best=self.best["metric"] if self.best else None,
+        )
         return _Stage(work, ref, "train", future)
 
     def _next(self, stage: _Stage, result: StepResult) -> _Stage | None:
         trial_id, ref = stage.work.trial_id, stage.ref
+        if result.invalid_hp is not None:
+            return None
         options: dict[str, Any] = {"tags": ref.tags, "retries": self.cfg.max_restarts}
         if stage.kind == "train":
             name = f"validate trial-{trial_id} @{result.position}"
@@ -153,6 +162,12 @@ class TrialChains:
         self.last[trial_id] = stage.future
         self.position[trial_id] = result.position
         self.placement.done(trial_id)
+        if result.invalid_hp is not None:  # det.InvalidHP: dropped, maybe replaced
+            self.table.set_state(trial_id, "INVALID_HP")
+            self.table.publish()
+            replacements = searcher.report_invalid(trial_id)
+            persist(searcher, self.runs)
+            return [], replacements
         metric = searcher_metric(result.validation, self.cfg)
         new = searcher.report(trial_id, result.position, metric)
         persist(searcher, self.runs)

@@ -60,11 +60,13 @@ def train(
     stop: int,
     after: StepResult | None = None,
     worker: str | None = None,
+    experiment_best: float | None = None,
 ) -> StepResult:
     """Train the trial from batch ``start`` to ``stop`` (``after``: the trial's previous
-    step, for the graph)."""
+    step, for the graph; ``experiment_best``: the search's best metric so far)."""
     kind = "train" if trial.holdable else "segment"
-    result = submit_step(trial.request(kind, start, stop), worker, trial.gpus)
+    request = dataclasses.replace(trial.request(kind, start, stop), experiment_best=experiment_best)
+    result = submit_step(request, worker, trial.gpus)
     _log(trial, "trained to batch", result)
     return result
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from distributed import Worker, WorkerPlugin, get_worker
 
+from det_tasks.errors import EXIT_INVALID_HP, InvalidHP
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
@@ -72,6 +73,7 @@ class StepRequest:
     package: str | None = None  # s3://.../packages/<sha>.tar.gz: unpacked on the worker
     config_yaml: str | None = None  # with a package: the experiment config's text
     release_after: bool = False  # end the held trial (its MLflow run) after this step
+    experiment_best: float | None = None  # checkpoint_policy best: the experiment's best so far
 
     def __post_init__(self) -> None:
         if self.kind not in STEP_KINDS:
@@ -92,6 +94,7 @@ class StepResult:
     validation: dict[str, Any] | None = None
     checkpoint: str | None = None
     stop_requested: bool = False
+    invalid_hp: str | None = None  # the trial raised det.InvalidHP: the searcher drops it
 
 
 def resume_candidates(
@@ -209,11 +212,15 @@ def run_step(request: StepRequest) -> StepResult:
         return _result(worker, request.stop, True, started)
     if request.kind == "segment":
         return _segment(worker, request, spec, started)
-    trial, warm = plugin.trial_at(request, spec)
+    try:
+        trial, warm = plugin.trial_at(request, spec)
+    except InvalidHP as err:  # rejected in __init__: nothing is held
+        return _result(worker, request.start, False, started, invalid_hp=str(err))
     restored = None if warm else trial.restored_from
     try:
         validation, uri = None, None
         if request.kind == "train":
+            trial.set_experiment_best(request.experiment_best)
             trial.train_to(request.stop)
         elif request.kind == "validate":
             validation = trial.validate()
@@ -229,6 +236,9 @@ def run_step(request: StepRequest) -> StepResult:
             checkpoint=uri,
             stop_requested=trial.stop_requested,
         )
+    except InvalidHP as err:
+        plugin.release()  # dropped by the searcher, not failed
+        return _result(worker, trial.position, warm, started, invalid_hp=str(err))
     except BaseException as err:
         plugin.release(err)
         raise
@@ -295,6 +305,9 @@ def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: flo
         proc = subprocess.run(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
+        if proc.returncode == EXIT_INVALID_HP:
+            reason = json.loads(summary_file.read_text()).get("invalid_hp", "")
+            return _result(worker, request.start, False, started, invalid_hp=str(reason))
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.splitlines()[-20:])
             raise TrialFailed(

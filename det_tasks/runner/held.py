@@ -151,6 +151,11 @@ class HeldTrial:
     def stop_requested(self) -> bool:
         return bool(self._controller.context.get_stop_requested())
 
+    def set_experiment_best(self, value: float | None) -> None:
+        """The experiment's best searcher metric so far: checkpoint_policy ``best`` then
+        checkpoints a validation only when it beats it (Determined's rule under a search)."""
+        self._controller.experiment_best = value
+
     def train_to(self, batches: int) -> int:
         """Train until ``batches`` in total (or until the trial asks to stop); returns the
         position reached. Periodic validations and checkpoints happen on the way."""

@@ -69,11 +69,10 @@ def plain(source: str, records: int, batch_size: int) -> float:
 def flow(source: str, records: int, batch_size: int, workers: int, out: Path) -> dict[str, float]:
     from flows.batch_inference import batch_inference
 
-    os.environ["BENCH_RECORDS"] = str(records)
     started = time.perf_counter()
     summary = batch_inference(
         source,
-        "model_def:records",
+        f"model_def:records_{records}",
         num_shards=2 * workers,
         output=out.as_uri(),
         batch_size=batch_size,

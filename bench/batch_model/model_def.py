@@ -2,12 +2,12 @@
 
 Record i is row ``i % 1024`` of a fixed table, so the dataset's memory is the same at any
 size (what the peak-memory figure needs) and a record costs the same in the flow and in
-the plain loop. ``BENCH_RECORDS`` sets the size.
+the plain loop. ``model_def:records_<n>`` is the dataset of n records.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,8 +29,13 @@ class Records(torch.utils.data.Dataset):
         return self.table[i % 1024]
 
 
-def records() -> Records:
-    return Records(int(os.environ.get("BENCH_RECORDS", "50000")))
+def __getattr__(name: str) -> Any:
+    """``model_def:records_<n>``: the dataset of n records (worker processes fork from a
+    server started earlier, so the size travels in the spec, not in the environment)."""
+    prefix, _, n = name.partition("_")
+    if prefix == "records" and n.isdigit():
+        return lambda: Records(int(n))
+    raise AttributeError(name)
 
 
 def mlp() -> nn.Module:

@@ -4,9 +4,10 @@ the same model (an MLP 784-256-10 loaded from the same checkpoint), the same dat
 
 - plain: ``DataLoader(dataset, batch_size)`` -> ``model(x)`` -> outputs to numpy, one process.
 - flow, 1 and 2 workers: ``batch_inference(...)`` (2 shards per worker) to a local output
-  directory; the shards run in the flow's worker processes. Two rates each: the shards'
-  own (records / time inside the shard tasks, summed over a worker: the steady state) and
-  end to end (records / the flow call's wall time: worker start, model load, Prefect).
+  directory; the shards run on the flow's engine (the warm Dask workers of flows/engine.py).
+  Two rates each: steady (records / the shards' streaming time once the model is loaded,
+  per worker) and end to end (records / the flow call's wall time: cluster start, model
+  load once per worker, Prefect's task bookkeeping, writing the Parquet objects).
 - peak memory: the worker process's peak RSS for N and 10 N records (one worker).
 
 Every process gets one thread (OMP_NUM_THREADS=1). The figures are medians of the repeats.
@@ -80,9 +81,9 @@ def flow(source: str, records: int, batch_size: int, workers: int, out: Path) ->
     )
     wall = time.perf_counter() - started
     assert summary["rows"] == records, summary
-    shard_seconds = summary["shard_seconds"] / workers  # shards run `workers` at a time
+    stream_seconds = summary["stream_seconds"] / workers  # shards run `workers` at a time
     return {
-        "steady": records / shard_seconds,
+        "steady": records / stream_seconds,
         "end_to_end": records / wall,
         "peak_rss_mb": summary["peak_rss_mb"],
     }

@@ -50,7 +50,7 @@ demo: install
 	$(BIN)/python -m infra.stack deploy
 	. .stack/env && PREFECT_HOME=$(CURDIR)/.stack/prefect $(BIN)/prefect deployment run experiment/const --watch
 	. .stack/env && $(BIN)/det-tasks checkpoints mnist-const
-	@echo "Prefect UI: http://127.0.0.1:4200   MLflow UI: http://127.0.0.1:5001   (make down to stop)"
+	@echo "Prefect UI: http://127.0.0.1:4200   MLflow UI: http://127.0.0.1:5001/#/experiments?workflowType=machine_learning   (make down to stop)"
 
 demo-local: install
 	$(BIN)/det-tasks run examples/mnist/const.yaml

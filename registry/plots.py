@@ -1,6 +1,6 @@
 """The pictures logged to an experiment's parent run: the learning-curves PNG and one
 interactive plotly page (``experiment.html``: every trial's learning curve and the searcher
-metric against each hyperparameter, the view Determined's experiment page gave), which
+metric against each hyperparameter the search varied, the view Determined's experiment page gave), which
 MLflow's artifact viewer renders."""
 
 from __future__ import annotations
@@ -82,12 +82,17 @@ def log_interactive_plots(
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    names = sorted({k for c in curves for k in c.hparams})
+    # Only the hyperparameters the search varied: a constant one says nothing.
+    names = sorted(
+        k
+        for k in {k for c in curves for k in c.hparams}
+        if len({c.hparams.get(k) for c in curves}) > 1
+    )
     best = min if smaller_is_better else max
     fig = make_subplots(
         rows=1 + len(names),
         cols=1,
-        subplot_titles=[f"validation {metric} per trial"]
+        subplot_titles=[f"{metric} per trial (validation)"]
         + [f"best {metric} against {name}" for name in names],
         vertical_spacing=0.3 / max(len(names), 1),
     )

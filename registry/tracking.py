@@ -139,8 +139,14 @@ def ensure_experiment(client: MlflowClient, name: str, description: str | None =
 
 def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """The MLflow UI page of an experiment's runs table (or of one run); for a local store,
-    that page in the command that serves one."""
+    that page in the command that serves one.
+
+    ``workflowType=machine_learning`` matters: a browser that never chose MLflow 3.17's
+    "Model training" workspace opens even a tagged experiment's bare link in the GenAI
+    Overview (seen in headless Chromium); the parameter selects the "Model training" one.
+    """
     page = f"experiments/{experiment_id}/" + (f"runs/{run_id}" if run_id else "runs")
+    page += "?workflowType=machine_learning"
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#/{page}"
     return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"

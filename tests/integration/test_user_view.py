@@ -119,7 +119,7 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
     }
     for trial_id, trial in trials.items():
         link = f"#/experiments/{experiment.experiment_id}/runs/{trial.info.run_id}"
-        assert summaries[trial_id]["mlflow_run"].endswith(link)
+        assert summaries[trial_id]["mlflow_run"].endswith(f"{link}?workflowType=machine_learning")
 
     # The winner on the parent run: metric at its step, hparams, best checkpoint.
     scored = [
@@ -164,8 +164,8 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
         [20, 40, 60],
         [20, 40, 60],
     ]
-    scatter = next(t for t in traces if t.get("name") == "learning_rate")
-    assert sorted(scatter["x"]) == [0.02, 0.5]
+    (scatter,) = traces[2:]  # one per hyperparameter the trials differ in
+    assert scatter["name"] == "learning_rate" and sorted(scatter["x"]) == [0.02, 0.5]
 
     # `det-tasks checkpoints` lists them best first.
     listing = det_tasks("checkpoints", name)

@@ -1,7 +1,7 @@
 """The pictures logged to an experiment's parent run: the learning-curves PNG and one
 interactive plotly page (``experiment.html``: every trial's learning curve and the searcher
-metric against each hyperparameter the search varied, the view Determined's experiment page gave), which
-MLflow's artifact viewer renders."""
+metric against each hyperparameter the search varied, the view Determined's experiment page
+gave), which MLflow's artifact viewer renders."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from registry.packages import fetch_package
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
-from registry.tracking import ExperimentRuns, client_for
+from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
 __all__ = ["experiment"]
 
@@ -110,12 +110,11 @@ def _run_experiment(
         name,
         cfg.searcher.metric,
         cfg.searcher.smaller_is_better,
-        lambda run_id: _mlflow_link(
-            settings.tracking_uri or "", f"experiments/{runs.experiment_id}/runs/{run_id}"
-        ),
+        lambda run_id: mlflow_link(settings.tracking_uri or "", runs.experiment_id, run_id),
     )
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
+    logger.info("MLflow: %s", mlflow_link(settings.tracking_uri, runs.experiment_id))
     with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
         trials = TrialChains(
             cfg,
@@ -140,23 +139,14 @@ def _run_experiment(
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,
         "best": best,
-        "mlflow_experiment": _mlflow_link(
-            settings.tracking_uri, f"experiments/{runs.experiment_id}"
-        ),
-        "mlflow_parent_run": _mlflow_link(
-            settings.tracking_uri, f"experiments/{runs.experiment_id}/runs/{runs.parent_run_id}"
+        "mlflow_experiment": mlflow_link(settings.tracking_uri, runs.experiment_id),
+        "mlflow_parent_run": mlflow_link(
+            settings.tracking_uri, runs.experiment_id, runs.parent_run_id
         ),
         "wall_seconds": round(time.monotonic() - started, 1),
     }
     logger.info("summary: %s", json.dumps(result, default=str))
     return result
-
-
-def _mlflow_link(tracking_uri: str, page: str) -> str:
-    """A page of the MLflow UI; for a local store, the command that serves one."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/{page}"
-    return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,6 +88,10 @@ class HeldTrial:
         gbs = hparams.get("global_batch_size")
         self._stack = contextlib.ExitStack()
         try:
+            # The entrypoint loads before any MLflow run exists (a wrong class leaves none).
+            self._stack.enter_context(model_dir_on_path(model_dir))
+            assert isinstance(config.entrypoint, str)
+            trial_class = load_trial_class(config.entrypoint, model_dir)
             services = self._stack.enter_context(
                 _platform_services(
                     raw,
@@ -106,10 +110,7 @@ class HeldTrial:
             # Entered per step, not held: a context variable set in one task cannot be
             # reset in another (each runs in its own contextvars context).
             self._services = services
-            self._stack.enter_context(model_dir_on_path(model_dir))
             latest = choose_resume_checkpoint(store, list(resume) if resume else None)
-            assert isinstance(config.entrypoint, str)
-            trial_class = load_trial_class(config.entrypoint, model_dir)
             scope = launch.services(services) if services else contextlib.nullcontext()
             with scope:
                 context = self._stack.enter_context(
@@ -121,6 +122,7 @@ class HeldTrial:
                         device=spec.device,
                         seed=config.reproducibility.experiment_seed,
                         model_dir=model_dir,
+                        trial_id=spec.trial_id,
                     )
                 )
                 self._device = context.device

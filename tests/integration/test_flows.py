@@ -5,6 +5,7 @@ exactly, resumable batch inference, and a bad override refused before training."
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import threading
@@ -73,6 +74,22 @@ def test_grid_of_four_with_concurrency_two(stack):
     assert len(trials) == 4
     hps = sorted((t.data.params["hp.learning_rate"], t.data.params["hp.hidden"]) for t in trials)
     assert hps == [("0.05", "4"), ("0.05", "8"), ("0.2", "4"), ("0.2", "8")]
+    # What a user sees (issue 17): the winner on the parent run, links that open the runs
+    # table in MLflow's "Model training" workspace, the real trial id in metadata.json.
+    from mlflow.tracking import MlflowClient
+
+    from registry.uris import _fetch
+
+    best = summary["best"]
+    parent_id = summary["mlflow_parent_run"].split("?")[0].rsplit("/", 1)[-1]
+    parent = MlflowClient().get_run(parent_id)
+    assert parent.data.tags["det.best.trial_id"] == str(best["trial_id"])
+    assert summary["mlflow_experiment"].endswith("/runs?workflowType=machine_learning")
+    assert {"experiment.html", "learning_curves.png"} <= {
+        a.path for a in MlflowClient().list_artifacts(parent_id)
+    }
+    metadata = json.loads((_fetch(best["checkpoint"]) / "metadata.json").read_text())
+    assert metadata["trial_id"] == str(best["trial_id"])
 
 
 def test_asha_stops_worse_trials_early(stack):

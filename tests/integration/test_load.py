@@ -114,7 +114,7 @@ def _audit(summary: dict[str, Any], env: Mapping[str, str]) -> tuple[int, list[s
     """(trial runs found, every problem: a run not FINISHED, a training point duplicated or
     missing at the last step, a recorded checkpoint absent from S3)."""
     client = client_for(env["MLFLOW_TRACKING_URI"])
-    parent_run_id = summary["mlflow_parent_run"].rsplit("/", 1)[-1]
+    parent_run_id = summary["mlflow_parent_run"].split("?")[0].rsplit("/", 1)[-1]
     runs = trial_runs(client, client.get_run(parent_run_id))
     s3 = boto3.client(
         "s3",

@@ -5,18 +5,25 @@ Same model, data, optimizer and seed for all three; runs are interleaved (A B C 
 and the median ms/step is reported, so machine noise hits all three alike.
 
     python bench/harness_overhead.py                       # CPU, tiny MLP, batch 32
+    python bench/harness_overhead.py --data map --steps 8000  # per-sample __getitem__
     python bench/harness_overhead.py --device cuda --model cnn --batch-size 64
+
+``--data map`` wraps the same tensors in a map-style Dataset whose ``__getitem__`` returns
+one sample (what most Determined trials have), so both loops pay per-sample fetch + collate
+and the difference between them is the harness's own per-step Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,18 +53,52 @@ def make_model(kind: str) -> nn.Module:
     )
 
 
-def make_data(kind: str, n: int) -> torch.utils.data.TensorDataset:
+class PerSampleDataset(torch.utils.data.Dataset):
+    """A map-style dataset with a per-sample ``__getitem__`` (no one-index batch gather)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def make_data(kind: str, n: int, data: str = "tensor") -> torch.utils.data.Dataset:
     gen = torch.Generator().manual_seed(0)
     shape = (n, 32) if kind == "mlp" else (n, 1, 28, 28)
-    return torch.utils.data.TensorDataset(
-        torch.randn(*shape, generator=gen), torch.randint(0, 10, (n,), generator=gen)
-    )
+    x, y = torch.randn(*shape, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    if data == "map":
+        return PerSampleDataset(x, y)
+    return torch.utils.data.TensorDataset(x, y)
 
 
 def make_optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     if kind == "mlp":
         return torch.optim.SGD(model.parameters(), lr=0.01)
     return torch.optim.Adadelta(model.parameters(), lr=1.0)
+
+
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``), so a printed figure names its machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def now() -> float:
+    """The bench's clock: wall time, or with ``--clock cpu`` this thread's CPU time (on a
+    shared machine other jobs' load then does not count; CPU device and 1 thread only)."""
+    return _CLOCK[0]()
+
+
+_CLOCK = [time.perf_counter]
 
 
 def sync(device: torch.device) -> None:
@@ -69,20 +110,20 @@ def compute_only(args: argparse.Namespace, device: torch.device) -> float:
     torch.manual_seed(0)
     model = make_model(args.model).to(device)
     opt = make_optimizer(args.model, model)
-    x, y = make_data(args.model, args.batch_size).tensors
+    x, y = make_data(args.model, args.batch_size).tensors  # type: ignore[attr-defined]
     x, y = x.to(device), y.to(device)
     total = torch.zeros((), device=device)
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             sync(device)
-            start = time.perf_counter()
+            start = now()
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         total += loss.detach()
     sync(device)
-    return (time.perf_counter() - start) / args.steps
+    return (now() - start) / args.steps
 
 
 def plain_loop(args: argparse.Namespace, device: torch.device) -> float:
@@ -90,7 +131,7 @@ def plain_loop(args: argparse.Namespace, device: torch.device) -> float:
     model = make_model(args.model).to(device)
     opt = make_optimizer(args.model, model)
     loader = torch.utils.data.DataLoader(
-        make_data(args.model, args.records),
+        make_data(args.model, args.records, args.data),
         batch_size=args.batch_size,
         shuffle=True,
         drop_last=True,
@@ -102,7 +143,7 @@ def plain_loop(args: argparse.Namespace, device: torch.device) -> float:
         for x, y in loader:
             if step == args.warmup:
                 sync(device)
-                start = time.perf_counter()
+                start = now()
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             loss = nn.functional.cross_entropy(model(x), y)
@@ -113,7 +154,7 @@ def plain_loop(args: argparse.Namespace, device: torch.device) -> float:
             step += 1
             if step == args.warmup + args.steps:
                 sync(device)
-                return (time.perf_counter() - start) / args.steps
+                return (now() - start) / args.steps
 
 
 class BenchTrial(PyTorchTrial):
@@ -135,7 +176,8 @@ class BenchTrial(PyTorchTrial):
         return {"val_loss": nn.functional.cross_entropy(self.model(x), y)}
 
     def build_training_data_loader(self) -> DataLoader:
-        data = make_data(self.context.get_hparam("model"), self.context.get_hparam("records"))
+        hp = self.context.hparams
+        data = make_data(hp["model"], hp["records"], hp.get("data", "tensor"))
         return DataLoader(
             data, batch_size=self.context.get_per_slot_batch_size(), shuffle=True, drop_last=True
         )
@@ -154,7 +196,7 @@ class _Clock(PyTorchCallback):
 
     def on_training_workload_end(self, avg_metrics: Any, batch_metrics: Any) -> None:
         sync(self.device)
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(now())
 
 
 def harness(args: argparse.Namespace, device: torch.device) -> float:
@@ -165,6 +207,7 @@ def harness(args: argparse.Namespace, device: torch.device) -> float:
             hparams={
                 "model": args.model,
                 "records": args.records,
+                "data": args.data,
                 "global_batch_size": args.batch_size,
             },
             metrics_sink=InMemoryMetricsSink(),
@@ -186,17 +229,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument(
+        "--data", choices=["tensor", "map"], default="tensor", help="TensorDataset or per-sample"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--records", type=int, default=0, help="dataset size (default 8 batches)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="cpu: thread CPU time"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.records = args.records or args.batch_size * 64
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.clock == "cpu":
+        if device.type != "cpu" or args.threads != 1:
+            parser.error("--clock cpu measures one thread: use it with --device cpu --threads 1")
+        _CLOCK[0] = time.thread_time
     ways: dict[str, Callable[[argparse.Namespace, torch.device], float]] = {
         "compute_only": compute_only,
         "plain_loop": plain_loop,
@@ -208,10 +261,12 @@ def main() -> None:
             times[name].append(fn(args, device))
     ms = {name: 1000 * statistics.median(v) for name, v in times.items()}
     result = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} "
         f"thread(s), torch {torch.__version__}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "clock": args.clock,
         "model": args.model,
+        "data": args.data,
         "batch_size": args.batch_size,
         "steps": args.steps,
         "ms_per_step": {k: round(v, 4) for k, v in ms.items()},
@@ -222,7 +277,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['device']} | {args.model} batch {args.batch_size} | {result['machine']}")
+    print(
+        f"{result['device']} | {args.model} batch {args.batch_size}, {args.data} data | "
+        f"{result['machine']} | {args.clock} clock"
+    )
     for name, value in ms.items():
         print(f"  {name:13s} {value:8.3f} ms/step")
     print(f"  harness / plain loop   = {result['harness_over_plain']:.3f}")

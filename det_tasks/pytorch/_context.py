@@ -431,7 +431,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         """Step (and zero) the optimizer once every ``aggregation_frequency`` batches."""
-        if not any(optimizer is o for o in self.optimizers):
+        if id(optimizer) not in self._backward_passes:  # keyed by every wrapped optimizer
             raise TrialError(
                 "step_optimizer: this optimizer was not returned by context.wrap_optimizer()"
             )
@@ -447,20 +447,20 @@ class PyTorchTrialContext(TrainerAPIMixin):
         if not self._nonfinite.allow_step():  # every batch of this step had a NaN/inf loss
             optimizer.zero_grad()
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         _parallel.synchronize(optimizer)
         if agg > 1 and self._settings.average_aggregated_gradients:
-            for p in params:
+            for p in _params(optimizer):
                 if p.grad is not None:
                     p.grad.div_(agg)
         if scaler is None and self.experimental._auto_amp:
             scaler = self._scaler
-        if scaler is not None and (clip_grads is not None or self._before_step_hooks):
-            scaler.unscale_(optimizer)
-        if clip_grads is not None:
-            clip_grads(iter(params))
-        for hook in self._before_step_hooks:
-            hook(iter(params))
+        if clip_grads is not None or self._before_step_hooks:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            if clip_grads is not None:
+                clip_grads(iter(_params(optimizer)))
+            for hook in self._before_step_hooks:
+                hook(iter(_params(optimizer)))
         with _parallel.skip_synchronize(optimizer):
             if scaler is not None:
                 scaler.step(optimizer)
@@ -531,6 +531,10 @@ class PyTorchTrialContext(TrainerAPIMixin):
             self._tensorboard_writer = None
         if self._metrics_sink is not None:
             self._metrics_sink.close()
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _pick_device(requested: str | None, local_rank: int) -> torch.device:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -44,8 +45,8 @@ class NonFiniteGuard:
             )
         self.policy = policy
         self._eager = device.type == "cpu" and policy == "error"
-        # Deferred checks: (batch index, device bool) per batch since the last check;
-        # no host sync and no host-to-device copy on the training step.
+        # Deferred checks: (batch index, detached loss) per batch since the last check; no
+        # kernel, host sync or copy on the training step, one batched check at the boundary.
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._window_has_grads = False
         self._warned = False
@@ -54,9 +55,8 @@ class NonFiniteGuard:
 
     def admit(self, loss: torch.Tensor, batch_idx: int) -> bool:
         """Whether ``loss.backward()`` should run for this batch."""
-        finite = torch.isfinite(loss.detach()).all()
         if self.policy == "skip":
-            if not bool(finite):
+            if not _finite_now(loss):
                 self.skipped_batches += 1
                 log.warning(
                     "batch %d: non-finite loss %s, skipped (%d so far; "
@@ -67,10 +67,10 @@ class NonFiniteGuard:
             self._window_has_grads = True
             return True
         if self._eager:
-            if not bool(finite):
+            if not _finite_now(loss):
                 raise self._error(batch_idx)
             return True
-        self._pending.append((batch_idx, finite))
+        self._pending.append((batch_idx, loss.detach()))  # a view: no kernel, no sync
         return True
 
     def allow_step(self) -> bool:
@@ -86,7 +86,7 @@ class NonFiniteGuard:
         if not self._pending:
             return 0
         pending, self._pending = self._pending, []
-        finite = torch.stack([flag for _, flag in pending]).cpu()
+        finite = _all_finite([loss for _, loss in pending]).cpu()
         if bool(finite.all()):
             return 0
         first = pending[int((~finite).nonzero()[0])][0]
@@ -112,3 +112,17 @@ class NonFiniteGuard:
             "gradients (step_optimizer(clip_grads=...)), check the data, or set "
             "optimizations.nonfinite_loss: skip"
         )
+
+
+def _finite_now(loss: torch.Tensor) -> bool:
+    """Checked on the host now: one ``item()`` for a scalar loss instead of three ops."""
+    if loss.numel() == 1:
+        return math.isfinite(loss.item())
+    return bool(torch.isfinite(loss.detach()).all())
+
+
+def _all_finite(losses: list[torch.Tensor]) -> torch.Tensor:
+    """One bool per loss; scalars (the usual case) are checked with a single stack."""
+    if all(loss.numel() == 1 for loss in losses):
+        return torch.isfinite(torch.stack([loss.reshape(()).float() for loss in losses]))
+    return torch.stack([torch.isfinite(loss).all() for loss in losses])

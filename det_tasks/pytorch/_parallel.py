@@ -17,6 +17,8 @@ from det_tasks.distributed import DistributedContext
 
 __all__ = ["no_sync", "skip_synchronize", "synchronize", "wrap_model", "wrap_optimizer"]
 
+_NOTHING = contextlib.nullcontext()  # reusable, so the one-process path allocates nothing
+
 
 def wrap_model(
     model: torch.nn.Module, dist: DistributedContext, device: torch.device
@@ -75,15 +77,19 @@ def synchronize(optimizer: torch.optim.Optimizer) -> None:
 
 def skip_synchronize(optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager[Any]:
     skip = getattr(optimizer, "skip_synchronize", None)
-    return skip() if callable(skip) else contextlib.nullcontext()
+    return skip() if callable(skip) else _NOTHING
+
+
+def no_sync(models: list[torch.nn.Module], active: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient allreduce on batches that only accumulate (a shared no-op when
+    ``active`` is False: the per-batch path of one process pays nothing for it)."""
+    return _no_sync(models) if active else _NOTHING
 
 
 @contextlib.contextmanager
-def no_sync(models: list[torch.nn.Module], active: bool) -> Iterator[None]:
-    """Skip DDP's gradient allreduce on batches that only accumulate."""
+def _no_sync(models: list[torch.nn.Module]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        if active:
-            for model in models:
-                if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-                    stack.enter_context(model.no_sync())
+        for model in models:
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                stack.enter_context(model.no_sync())
         yield

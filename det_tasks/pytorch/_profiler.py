@@ -19,6 +19,8 @@ import torch
 
 __all__ = ["PhaseTimer", "ProfilerSettings"]
 
+_UNTIMED = contextlib.nullcontext()  # reusable: entering it costs two attribute lookups
+
 
 @dataclasses.dataclass(frozen=True)
 class ProfilerSettings:
@@ -56,11 +58,14 @@ class PhaseTimer:
             return False
         return s.end_after_batch is None or batch_idx <= s.end_after_batch
 
+    def phase(self, batch_idx: int, name: str) -> contextlib.AbstractContextManager[None]:
+        """Times the block when profiling covers this batch; otherwise a shared no-op."""
+        if self.settings is None or not self._active(batch_idx):
+            return _UNTIMED
+        return self._timed(name)
+
     @contextlib.contextmanager
-    def phase(self, batch_idx: int, name: str) -> Iterator[None]:
-        if not self._active(batch_idx):
-            yield
-            return
+    def _timed(self, name: str) -> Iterator[None]:
         if self._sync:
             torch.cuda.synchronize(self._device)
         start = time.perf_counter()

@@ -25,6 +25,8 @@ TorchData = dict[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 def to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move every tensor (numpy arrays become tensors) inside nested containers to ``device``."""
     if isinstance(data, torch.Tensor):
+        if data.device == device:  # already there (CPU training): skip .to()'s arg parsing
+            return data
         return data.to(device, non_blocking=non_blocking)
     if isinstance(data, np.ndarray):
         return torch.from_numpy(data).to(device, non_blocking=non_blocking)

@@ -25,6 +25,7 @@ from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError, TrialError
 from det_tasks.pytorch import _parallel
 from det_tasks.pytorch._callback import PyTorchCallback, adapt_legacy_signatures
+from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
@@ -92,6 +93,7 @@ class TrialController:
         self.latest_validation: dict[str, Any] | None = None
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
+        self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
         if not context.models:
@@ -178,6 +180,7 @@ class TrialController:
         return self.latest_checkpoint_uuid
 
     def stop(self) -> None:
+        self._writer.close()  # a checkpoint being written in the background is finished
         self._close_data()
         for cb in self.callbacks.values():
             cb.on_trial_shutdown()
@@ -382,9 +385,12 @@ class TrialController:
         self._drain_uploads(wait=False)
 
     def _drain_uploads(self, wait: bool) -> None:
-        """on_checkpoint_upload_end for every checkpoint whose upload finished (chief only)."""
+        """Report checkpoints written in the background, and run on_checkpoint_upload_end for
+        every one whose upload finished (chief only)."""
         if not self.dist.is_chief:
             return
+        for uuid, metadata in self._writer.finished(wait=wait):
+            self.sink.report_checkpoint(metadata["steps_completed"], uuid, metadata)
         for uuid in self.store.completed_uploads(wait=wait):
             for cb in self.callbacks.values():
                 cb.on_checkpoint_upload_end(uuid)
@@ -412,29 +418,16 @@ class TrialController:
         state = self._state()
         for cb in self.callbacks.values():
             cb.on_checkpoint_save_start(state)
-        staged = self.store.stage()
-        try:
-            # Through a Python file, so a full disk surfaces as OSError(ENOSPC) in the chain
-            # rather than only as torch's "unexpected pos" from its zip writer.
-            with open(staged / ckpt.STATE_FILE, "wb") as state_file:
-                torch.save(state, state_file)
-            trial_cls = getattr(self.trial, "_det_tasks_user_class", type(self.trial))
-            ckpt.write_json(
-                staged / ckpt.LOAD_DATA_FILE,
-                {
-                    "trial_type": "PyTorchTrial",
-                    "trial_cls_spec": f"{trial_cls.__module__}:{trial_cls.__qualname__}",
-                    "hparams": ctx.get_hparams(),
-                    "experiment_config": ctx._settings.exp_conf,
-                },
-            )
-            if ctx._settings.model_dir is not None:
-                ckpt.copy_code(Path(ctx._settings.model_dir), staged)
-            for cb in self.callbacks.values():
-                if _overridden(cb, "on_checkpoint_end"):
-                    cb.on_checkpoint_end(str(staged))
-                cb.on_checkpoint_write_end(str(staged))
-            metadata = {
+        trial_cls = getattr(self.trial, "_det_tasks_user_class", type(self.trial))
+        files = CheckpointFiles(
+            load_data={
+                "trial_type": "PyTorchTrial",
+                "trial_cls_spec": f"{trial_cls.__module__}:{trial_cls.__qualname__}",
+                "hparams": ctx.get_hparams(),
+                "experiment_config": ctx._settings.exp_conf,
+            },
+            model_dir=Path(ctx._settings.model_dir) if ctx._settings.model_dir else None,
+            metadata={
                 "det_tasks_version": __version__,
                 "torch_version": torch.__version__,
                 "steps_completed": self.batches_trained,
@@ -443,22 +436,15 @@ class TrialController:
                 if self.last_validation_batch == self.batches_trained
                 else None,
                 "time": time.time(),
-            }
-            uuid = self.store.publish(staged, metadata)
-        except BaseException as err:
-            self.store.discard(staged)
-            os_error = _os_error_in(err)
-            if os_error is None:
-                raise
-            previous = self.latest_checkpoint_uuid or "none"
-            raise CheckpointError(
-                f"writing the checkpoint at batch {self.batches_trained} into {staged} failed: "
-                f"{os_error.strerror or os_error}; nothing was published and the previous "
-                f"checkpoint ({previous}) is intact. Free space or point checkpoint_storage "
-                "elsewhere"
-            ) from None
-        self.sink.report_checkpoint(self.batches_trained, uuid, metadata)
-        return uuid
+            },
+        )
+        write_end = []  # these need the files on this thread: the write is then synchronous
+        for cb in self.callbacks.values():
+            if _overridden(cb, "on_checkpoint_end"):
+                write_end.append(cb.on_checkpoint_end)
+            if _overridden(cb, "on_checkpoint_write_end"):
+                write_end.append(cb.on_checkpoint_write_end)
+        return self._writer.save(state, files, write_end, self.latest_checkpoint_uuid)
 
     def _read_checkpoint(self, reference: str | None) -> dict[str, Any] | None:
         """The checkpoint's state (applied once the data is built) and the loop's position."""
@@ -497,18 +483,6 @@ class TrialController:
                 stacklevel=2,
             )
         self.context._before_step_hooks = [cb.on_before_optimizer_step for cb in hooks]
-
-
-def _os_error_in(err: BaseException) -> OSError | None:
-    """The OSError behind ``err`` (itself, or its cause/context chain), if any."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 @contextlib.contextmanager

@@ -124,5 +124,5 @@ def _finite_now(loss: torch.Tensor) -> bool:
 def _all_finite(losses: list[torch.Tensor]) -> torch.Tensor:
     """One bool per loss; scalars (the usual case) are checked with a single stack."""
     if all(loss.numel() == 1 for loss in losses):
-        return torch.isfinite(torch.stack([loss.reshape(()).float() for loss in losses]))
+        return torch.isfinite(torch.stack([loss.reshape(()) for loss in losses]))  # promotes
     return torch.stack([torch.isfinite(loss).all() for loss in losses])

@@ -190,6 +190,8 @@ def snapshot(state: Any, pinned: dict[int, list[torch.UntypedStorage]] | None = 
 class _Copier:
     def __init__(self, pinned: dict[int, list[torch.UntypedStorage]]) -> None:
         self.memo: dict[tuple[int, str, int], torch.UntypedStorage] = {}
+        self.containers: dict[int, Any] = {}
+        self.deep_memo: dict[int, Any] = {}
         self.pinned = pinned
         self.available = {size: list(bufs) for size, bufs in pinned.items()}
         self.cuda_devices: set[torch.device] = set()
@@ -197,17 +199,24 @@ class _Copier:
     def copy(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
+        if not isinstance(obj, dict | list | tuple):
+            return copy.deepcopy(obj, self.deep_memo)
+        if id(obj) in self.containers:  # shared twice in the state: shared in the copy
+            return self.containers[id(obj)]
+        out: Any
         if isinstance(obj, dict):
-            out = type(obj)((k, self.copy(v)) for k, v in obj.items())
+            out = copy.copy(obj)  # keeps the type (OrderedDict, Counter, ...)
+            for key, value in obj.items():
+                out[key] = self.copy(value)
             if getattr(obj, "__dict__", None):  # e.g. state_dict()'s _metadata
-                out.__dict__.update(copy.deepcopy(obj.__dict__))
-            return out
-        if isinstance(obj, list):
-            return [self.copy(v) for v in obj]
-        if isinstance(obj, tuple):
+                out.__dict__.update(copy.deepcopy(obj.__dict__, self.deep_memo))
+        elif isinstance(obj, list):
+            out = [self.copy(v) for v in obj]
+        else:
             items = [self.copy(v) for v in obj]
-            return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-        return copy.deepcopy(obj)
+            out = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+        self.containers[id(obj)] = out
+        return out
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         if t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta:

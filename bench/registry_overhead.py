@@ -20,13 +20,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness_overhead import BenchTrial, _Clock
+from harness_overhead import BenchTrial, _Clock, cpu_name
 
 from det_tasks import pytorch
 from det_tasks.sinks import InMemoryMetricsSink
@@ -34,7 +35,18 @@ from det_tasks.storage import LocalDirectoryStore
 from infra.stack import up
 
 
-def timed_fit(steps: int, warmup: int, period: int, sink: object) -> float:
+class ManyMetricsTrial(BenchTrial):
+    """BenchTrial reporting ``metrics`` values per batch: loss and (metrics - 1) multiples."""
+
+    metrics = 1
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        loss = super().train_batch(batch, epoch_idx, batch_idx)["loss"]
+        value = loss.detach()
+        return {"loss": loss, **{f"m{i:02d}": value * i for i in range(1, self.metrics)}}
+
+
+def timed_fit(steps: int, warmup: int, period: int, metrics: int, sink: object) -> float:
     clock = _Clock(torch.device("cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         ctx = pytorch.init(
@@ -43,7 +55,8 @@ def timed_fit(steps: int, warmup: int, period: int, sink: object) -> float:
             checkpoint_store=LocalDirectoryStore(tmp),
             seed=0,
         )
-        trial = BenchTrial(ctx)
+        trial = ManyMetricsTrial(ctx)
+        trial.metrics = metrics
         clocked = {"clock": clock}
         trial.build_callbacks = lambda: clocked  # type: ignore[method-assign]
         points = sorted({warmup, *range(warmup + period, warmup + steps + 1, period)})
@@ -55,24 +68,34 @@ def timed_fit(steps: int, warmup: int, period: int, sink: object) -> float:
     return (clock.stamps[-1] - clock.stamps[0]) / steps
 
 
+CASES = [(100, 1), (1, 1), (1, 50)]  # (reporting period in batches, metrics per batch)
+
+
 def logging_overhead(steps: int, repeats: int) -> dict[str, float]:
+    """Step time with the MLflow sink over step time with an in-memory sink, interleaved.
+    Each MLflow run is drained (sink.close) before the next run starts, so the server's
+    backlog from one run never lands on the next."""
     from registry.metrics import MlflowMetricsSink
     from registry.tracking import ExperimentRuns, client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     runs = ExperimentRuns(client, "bench-logging", uuid.uuid4().hex, {"searcher": {}})
-    out = {}
-    for period in (100, 1):
-        base, logged = [], []
+    out: dict[str, float] = {}
+    for period, metrics in CASES:
+        base, logged, drains = [], [], []
         for r in range(repeats):
-            base.append(timed_fit(steps, 100, period, InMemoryMetricsSink()))
-            run_id = runs.trial_run(f"p{period}-{r}", {}, {})
+            base.append(timed_fit(steps, 100, period, metrics, InMemoryMetricsSink()))
+            run_id = runs.trial_run(f"p{period}-m{metrics}-{r}", {}, {})
             sink = MlflowMetricsSink(client, run_id, spill_dir=Path(tempfile.mkdtemp()))
-            logged.append(timed_fit(steps, 100, period, sink))
+            logged.append(timed_fit(steps, 100, period, metrics, sink))
+            t0 = time.perf_counter()
             sink.close()
-        out[f"period_{period}_ms_in_memory"] = 1000 * statistics.median(base)
-        out[f"period_{period}_ms_mlflow"] = 1000 * statistics.median(logged)
-        out[f"period_{period}_ratio"] = statistics.median(logged) / statistics.median(base)
+            drains.append(time.perf_counter() - t0)
+        case = f"period_{period}_metrics_{metrics}"
+        out[f"{case}_ms_in_memory"] = 1000 * statistics.median(base)
+        out[f"{case}_ms_mlflow"] = 1000 * statistics.median(logged)
+        out[f"{case}_ratio"] = statistics.median(logged) / statistics.median(base)
+        out[f"{case}_drain_after_training_s"] = statistics.median(drains)
     return out
 
 
@@ -134,19 +157,25 @@ def checkpoint_upload(megabytes: int) -> dict[str, float]:
     }
 
 
+def machine() -> str:
+    return f"{cpu_name()}, {os.cpu_count()} cores, 1 torch thread, torch {torch.__version__}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--checkpoint-mb", type=int, default=500)
+    parser.add_argument("--only", choices=["logging", "checkpoint"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     if "MLFLOW_TRACKING_URI" not in os.environ:
-        os.environ.update(up())
-    result = {
-        "logging": logging_overhead(args.steps, args.repeats),
-        "checkpoint": checkpoint_upload(args.checkpoint_mb),
-    }
+        os.environ.update(up(prefect=False))
+    result: dict[str, Any] = {"machine": machine()}
+    if args.only in (None, "logging"):
+        result["logging"] = logging_overhead(args.steps, args.repeats)
+    if args.only in (None, "checkpoint"):
+        result["checkpoint"] = checkpoint_upload(args.checkpoint_mb)
     print(json.dumps(result, indent=2))
 
 

@@ -1,7 +1,10 @@
 """The MLflow metrics sink: asynchronous, batched, and exactly-once across outages.
 
-The training thread only enqueues (reports arrive at reporting boundaries, never per
-step). A background thread sends ``log_batch`` requests of at most 1000 metrics. When the
+The training thread only appends a report to an inbox, waking nobody; a background thread
+collects the inbox every ``flush_interval_s`` (at once on flush/close, and between requests
+while it has a backlog) and sends ``log_batch`` requests of at most 1000 metrics. So the
+sender takes the GIL a few times a second, not once per report, however often training
+reports. When the
 server is unreachable, batches wait in memory (spilled to disk past a bound) and are
 retried with backoff; a batch whose request failed midway is first checked against the
 server's metric history, so a point the server did store is not sent twice.
@@ -12,7 +15,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import queue
 import threading
 import time
 import uuid as uuid_lib
@@ -60,8 +62,10 @@ class MlflowMetricsSink:
         # Highest step already stored per key: a retried trial resumes from its checkpoint
         # and re-reports the steps after it with identical values; those are not re-sent.
         self._stored_max: dict[str, int] = {}
-        # None is a wake-up marker: flush() and close() must not wait out a coalescing window.
-        self._queue: queue.Queue[tuple[str, int, int, dict[str, Any]] | None] = queue.Queue()
+        # Reports wait here until the sender's next pass. Appending wakes nobody: a sender
+        # woken per report would take the GIL from training thousands of times a second.
+        self._inbox: collections.deque[tuple[str, int, int, dict[str, Any]]] = collections.deque()
+        self._wake = threading.Event()  # flush() and close(): do not wait out the interval
         self._pending: collections.deque[_Batch] = collections.deque()
         self._pending_points = 0
         self._spill_dir = spill_dir
@@ -100,10 +104,11 @@ class MlflowMetricsSink:
         self._enqueue(group, steps_completed, metrics)
 
     def _enqueue(self, group: str, step: int, metrics: dict[str, Any]) -> None:
-        # O(1) on the training thread: MLflow entities are built on the sender thread.
+        # O(1) on the training thread and no wake-up: the sender collects every
+        # flush_interval (or when a request returns), and builds the points itself.
         with self._state_lock:
             self._idle.clear()
-            self._queue.put((group, step, int(time.time() * 1000), metrics))
+            self._inbox.append((group, step, int(time.time() * 1000), metrics))
 
     @staticmethod
     def _points(item: tuple[str, int, int, dict[str, Any]]) -> list[Point]:
@@ -146,7 +151,12 @@ class MlflowMetricsSink:
             self._mark_idle_if_drained()
             if self._closed.is_set() and self._idle.is_set():
                 return
-            self._absorb_queue(timeout=self._flush_interval)
+            urgent = self._flushing.is_set() or self._closed.is_set()
+            if not self._has_work() and not (urgent and self._inbox):
+                # Coalesce: one pass per interval turns many reports into few requests.
+                self._wake.wait(timeout=self._flush_interval)
+                self._wake.clear()
+            self._absorb_inbox()
             if self._has_work():
                 if self._send_one():
                     backoff = 0.5
@@ -157,39 +167,22 @@ class MlflowMetricsSink:
     def _mark_idle_if_drained(self) -> None:
         # Under the lock enqueue uses, so "idle" never hides a report that is in flight.
         with self._state_lock:
-            if not self._has_work() and self._queue.empty():
+            if not self._has_work() and not self._inbox:
                 self._idle.set()
 
-    def _absorb_queue(self, timeout: float) -> None:
-        """Collect reports for up to ``timeout`` (or a full batch): a few large requests cost
-        the training process far less CPU and GIL time than one request per report."""
-        try:
-            first = self._queue.get(timeout=timeout if not self._has_work() else 0.001)
-        except queue.Empty:
-            return
-        points = self._points(first) if first is not None else []
-        deadline = time.monotonic() + timeout
-        while first is not None and len(points) < MAX_BATCH:
-            wait = 0.0 if self._flushing.is_set() else deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                break
-            points.extend(self._points(item))
+    def _absorb_inbox(self) -> None:
+        """Every report enqueued so far, as batches of at most MAX_BATCH points."""
+        points: list[Point] = []
+        inbox = self._inbox
+        while inbox:
+            points.extend(self._points(inbox.popleft()))
         for start in range(0, len(points), MAX_BATCH):
             self._pending.append(_Batch(points[start : start + MAX_BATCH]))
             self._pending_points += len(points[start : start + MAX_BATCH])
         self._spill_if_needed()
 
-    def _queued_reports(self) -> bool:
-        # Wake-up markers (None) may remain queued; only real reports count.
-        with self._queue.mutex:
-            return any(item is not None for item in self._queue.queue)
-
     def _drained(self) -> bool:
-        return not self._queued_reports() and not self._has_work() and self._idle.is_set()
+        return not self._inbox and not self._has_work() and self._idle.is_set()
 
     def _has_work(self) -> bool:
         return bool(self._pending or self._spilled)
@@ -271,10 +264,10 @@ class MlflowMetricsSink:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything enqueued so far has reached the server."""
         if not self._thread.is_alive():  # closed already: nothing can be sent any more
-            return not self._has_work() and not self._queued_reports()
+            return not self._has_work() and not self._inbox
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._close_timeout)
         self._flushing.set()
-        self._queue.put(None)
+        self._wake.set()
         try:
             while time.monotonic() < deadline:
                 if self._drained():
@@ -289,7 +282,7 @@ class MlflowMetricsSink:
             return
         done = self.flush()
         self._closed.set()
-        self._queue.put(None)
+        self._wake.set()
         self._thread.join(timeout=5)
         if not done:
             waiting = len(self._pending) + len(self._spilled)

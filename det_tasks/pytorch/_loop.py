@@ -14,7 +14,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -438,7 +438,8 @@ class TrialController:
                 "time": time.time(),
             },
         )
-        write_end = []  # these need the files on this thread: the write is then synchronous
+        # These need the files on this thread, so with any of them the write is synchronous.
+        write_end: list[Callable[[str], None]] = []
         for cb in self.callbacks.values():
             if _overridden(cb, "on_checkpoint_end"):
                 write_end.append(cb.on_checkpoint_end)

@@ -122,7 +122,9 @@ def test_job_run_on_the_stack_uploads_to_s3_reports_to_mlflow_and_survives_a_sig
     assert run.data.metrics["validation/records"] == 50 - 16  # this attempt's records
     assert run.info.status == "FINISHED"
     rows = client.get_metric_history(run.info.run_id, "inference/rows")
-    assert sum(m.value for m in rows) >= 50
+    # The resumed attempt reports its 34 records; the killed attempt's reports arrive only
+    # if its metrics thread sent them before the SIGKILL.
+    assert 34 <= sum(m.value for m in rows) <= 50
 
 
 def test_parquet_on_s3_is_read_by_shard_with_its_ids_and_a_missing_column_is_refused(

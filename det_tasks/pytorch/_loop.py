@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -93,6 +94,7 @@ class TrialController:
         self.latest_validation: dict[str, Any] | None = None
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
+        self._next_boundary = 0  # batch count before which _at_boundaries has nothing to do
         self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
@@ -150,7 +152,7 @@ class TrialController:
                 if profiler is not None:
                     profiler.step()
                 self._at_boundaries()
-                if self.context.get_stop_requested():
+                if self.context._stop_requested:
                     break
 
     def validate_now(self) -> dict[str, Any] | None:
@@ -208,7 +210,7 @@ class TrialController:
         if stepping:
             for scheduler in ctx.lr_schedulers:
                 self._step_scheduler(scheduler, idx)
-        self._buffer.add(metrics, self.trial.get_batch_length(batch))
+        self._buffer.add(metrics)
         self.batches_trained = idx + 1
         if self.batches_trained % self.epoch_len == 0:
             for cb in self.callbacks.values():
@@ -232,6 +234,9 @@ class TrialController:
 
     def _at_boundaries(self) -> None:
         done, opts, n = self.batches_trained, self.options, self.epoch_len
+        if done < self._next_boundary and not self.context._stop_requested:
+            return  # nothing is due before then: one comparison per batch
+        self._next_boundary = self._boundary_after(done)
         validate_due = opts.validation_period is not None and opts.validation_period.is_due(done, n)
         checkpoint_due = opts.checkpoint_period is not None and opts.checkpoint_period.is_due(
             done, n
@@ -249,6 +254,16 @@ class TrialController:
             self._validate()
         if checkpoint_due and self.last_checkpoint_batch != done:
             self._checkpoint()
+
+    def _boundary_after(self, done: int) -> int:
+        """The next batch count at which a report, validation or checkpoint is due (every
+        batch while the profiler's window is open)."""
+        if self._timer.settings is not None:
+            return done + 1
+        opts, n = self.options, self.epoch_len
+        periods = (opts.reporting_period, opts.validation_period, opts.checkpoint_period)
+        dues = [p.next_due(done, n) for p in periods if p is not None]
+        return min((d for d in dues if d is not None), default=sys.maxsize)
 
     def _finish(self) -> None:
         self.validate_now()

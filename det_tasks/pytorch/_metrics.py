@@ -65,27 +65,35 @@ def materialize(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _held(value: Any) -> Any:
+    """A training metric as the buffer keeps it: a one-element CPU tensor becomes its float
+    at once (one op and no sync, cheaper than detaching it now and converting it later;
+    the same number ``materialize`` gives), other tensors are detached and stay put."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cpu and value.numel() == 1 and not value.is_complex():
+            return float(value.item())
+        return value.detach()
+    return value
+
+
 class TrainingMetricsBuffer:
-    """Per-batch training metrics since the last report, plus record counts."""
+    """Per-batch training metrics since the last report."""
 
     def __init__(self) -> None:
         self._batches: list[dict[str, Any]] = []
-        self.num_inputs = 0
         self._unaveraged: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._batches)
 
-    def add(self, metrics: dict[str, Any], num_inputs: int) -> None:
-        self._batches.append(detach_metrics(metrics))
-        self.num_inputs += num_inputs
+    def add(self, metrics: dict[str, Any]) -> None:
+        self._batches.append({key: _held(value) for key, value in metrics.items()})
 
     def flush(self) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
         """(Determined's average of each metric over the window, per-batch metrics); then
         empty. A metric that cannot be averaged keeps its key with the value None."""
         batch_metrics = materialize(self._batches)
         self._batches = []
-        self.num_inputs = 0
         keys: list[str] = []
         for m in batch_metrics:
             keys.extend(k for k in m if k not in keys)

@@ -44,10 +44,12 @@ class NonFiniteGuard:
                 "'warn' or 'error', or slots_per_trial: 1"
             )
         self.policy = policy
-        self._eager = device.type == "cpu" and policy == "error"
-        # Deferred checks: (batch index, detached loss) per batch since the last check; no
-        # kernel, host sync or copy on the training step, one batched check at the boundary.
+        # On the host a loss is checked as it comes (one item(), no sync to avoid); on a GPU
+        # each batch keeps (index, detached loss) for one batched check at the boundary, so
+        # the step launches no kernel and never waits for the device.
+        self._on_host = device.type == "cpu"
         self._pending: list[tuple[int, torch.Tensor]] = []
+        self._found: list[int] = []  # non-finite batches seen on the host since the check
         self._window_has_grads = False
         self._warned = False
         self.skipped_batches = 0
@@ -66,9 +68,11 @@ class NonFiniteGuard:
                 return False
             self._window_has_grads = True
             return True
-        if self._eager:
+        if self._on_host:
             if not _finite_now(loss):
-                raise self._error(batch_idx)
+                if self.policy == "error":
+                    raise self._error(batch_idx)
+                self._found.append(batch_idx)
             return True
         self._pending.append((batch_idx, loss.detach()))  # a view: no kernel, no sync
         return True
@@ -83,16 +87,17 @@ class NonFiniteGuard:
     def check(self) -> int:
         """At a reporting/checkpoint boundary: the window's count of non-finite batches
         (``warn``), or raise for the first one (``error``)."""
-        if not self._pending:
+        found, self._found = self._found, []
+        if self._pending:
+            pending, self._pending = self._pending, []
+            finite = _all_finite([loss for _, loss in pending]).cpu().tolist()
+            found += [index for (index, _), ok in zip(pending, finite) if not ok]
+        if not found:
             return 0
-        pending, self._pending = self._pending, []
-        finite = _all_finite([loss for _, loss in pending]).cpu()
-        if bool(finite.all()):
-            return 0
-        first = pending[int((~finite).nonzero()[0])][0]
+        first = found[0]
         if self.policy == "error":
             raise self._error(first)
-        count = int((~finite).sum())
+        count = len(found)
         self.nonfinite_batches += count
         if not self._warned:
             self._warned = True

@@ -61,6 +61,17 @@ class TrainUnit:
             return count % self.value == 0
         return count in self.value
 
+    def next_due(self, batches_done: int, epoch_len: int) -> int | None:
+        """The first batch count after ``batches_done`` at which ``is_due`` holds (None:
+        never again; a container that cannot be listed gives the next batch)."""
+        scale = epoch_len if isinstance(self, Epoch) else 1
+        if isinstance(self.value, int):
+            return (batches_done // scale // self.value + 1) * self.value * scale
+        if not isinstance(self.value, collections.abc.Iterable):
+            return batches_done + 1
+        later = [p * scale for p in self.value if p * scale > batches_done]
+        return min(later) if later else None
+
 
 class Batch(TrainUnit):
     """A number of batches (optimizer steps times aggregation frequency)."""

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness_overhead import BenchTrial, _Clock, cpu_name
 
 from det_tasks import pytorch
+from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.sinks import InMemoryMetricsSink
 from det_tasks.storage import LocalDirectoryStore
 from infra.stack import up
@@ -125,17 +126,19 @@ def checkpoint_upload(megabytes: int) -> dict[str, float]:
     host_copy_s = time.perf_counter() - t0
     del host_copy
 
-    staged = store.stage()
+    # The harness's own write path: the training thread returns after the host snapshot;
+    # serialising, checksums and the upload run behind it.
+    writer = CheckpointWriter(store, torch.device("cpu"))
+    files = CheckpointFiles(load_data={}, model_dir=None, metadata={"steps_completed": 1})
     t0 = time.perf_counter()
-    torch.save(state, staged / "state_dict.pth")
-    save_s = time.perf_counter() - t0
-    plain_file = cache / "plain.pth"
-    os.link(staged / "state_dict.pth", plain_file)
-    t0 = time.perf_counter()
-    uid = store.publish(staged, {"steps_completed": 1})
-    publish_s = time.perf_counter() - t0
+    uid = writer.save(state, files, write_end=[], previous=None)
+    blocked_s = time.perf_counter() - t0
+    writer.finished(wait=True)
+    written_s = time.perf_counter() - t0
     store.completed_uploads(wait=True)
     ours_s = time.perf_counter() - t0
+    plain_file = cache / "plain.pth"
+    torch.save(state, plain_file)
 
     bucket = os.environ["DET_TASKS_S3_BUCKET"]
     t0 = time.perf_counter()
@@ -148,12 +151,11 @@ def checkpoint_upload(megabytes: int) -> dict[str, float]:
     return {
         "megabytes": megabytes,
         "plain_boto3_s": plain_s,
-        "ours_s": ours_s,
-        "throughput_vs_boto3": plain_s / ours_s,
-        "training_thread_blocked_s": save_s + publish_s,
-        "of_which_torch_save_s": save_s,
-        "of_which_publish_return_s": publish_s,
+        "ours_upload_s": ours_s - written_s,
+        "throughput_vs_boto3": plain_s / (ours_s - written_s),
+        "training_thread_blocked_s": blocked_s,
         "host_copy_of_state_s": host_copy_s,
+        "written_in_background_after_s": written_s,
     }
 
 

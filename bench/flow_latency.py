@@ -1,15 +1,22 @@
-"""Orchestration costs of the experiment flow, against a running stack (`make up && make deploy`).
+"""Orchestration costs of the experiment flow on warm Dask workers, measured side by side.
 
-1. Latency of `prefect deployment run experiment/const`: submit -> flow running -> trial
-   task running -> trial run created in MLflow (training starts right after).
-2. Orchestration overhead per trial segment: the train-segment task's duration minus the
-   trial's own time in MLflow (its run's start to end).
-3. A grid of short trials with concurrency 2 vs the same trials run back to back by the
-   local runner, divided by 2: in one process with no services (the harness alone), and as
-   one `det-tasks run` process per trial against the same MLflow + S3 (what a user without
-   the flow would run).
+No servers needed (what issue 14 measured, `python -m flows.experiment` with its embedded
+Prefect server, MLflow SQLite store and Dask cluster), interleaved repeats, medians:
 
-    source .stack/env && python bench/flow_latency.py
+1. grid ratio: an 8-trial grid of 40-batch MNIST trials at concurrency 2, as
+   (flow wall - 1-batch single-trial flow wall) / (the same 8 trials back to back in one
+   process / 2). Target <= 1.5.
+2. the 1-batch single-trial flow's wall. Target <= 15 s.
+3. warm validate + checkpoint: for each segment of an in-process grid flow, the time from the
+   end of its train task to the end of its checkpoint task, minus the validate and checkpoint
+   work the worker reports. Target <= 100 ms.
+
+With a running stack (`make up && make deploy`, `source .stack/env`) and `--deployment`:
+
+4. `prefect deployment run experiment/const` -> the trial's first batch (its MLflow run's
+   start). Target <= 10 s.
+
+    python bench/flow_latency.py [--repeats 3] [--deployment]
 """
 
 from __future__ import annotations
@@ -17,14 +24,111 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+MNIST = ROOT / "examples" / "mnist"
+GRID = [
+    "hyperparameters.learning_rate.count=4",  # x n_filters1 [16, 32] = 8 trials
+    "searcher.max_length={batches: 40}",
+]
+ONE_BATCH = ["searcher.max_length={batches: 1}", "min_validation_period={batches: 1}"]
+WORK = re.compile(r"\((?:warm|restored from [^,]+), ([\d.]+) s\)")
+
+
+def _no_server_env(home: Path) -> dict[str, str]:
+    drop = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return {**env, "DET_TASKS_HOME": str(home / "det"), "PREFECT_HOME": str(home / "prefect")}
+
+
+def flow_wall(config: Path, overrides: list[str]) -> float:
+    """Wall seconds of `python -m flows.experiment CONFIG ...` with no servers configured."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "flows.experiment", str(config), *overrides],
+            cwd=tmp,
+            env={**_no_server_env(Path(tmp)), "PYTHONPATH": str(ROOT)},
+            check=True,
+            capture_output=True,
+        )
+        return time.perf_counter() - t0
+
+
+def in_process_back_to_back(config: Path, overrides: list[str]) -> float:
+    """The grid's trials trained one after another in this process (the harness alone)."""
+    code = f"""
+import random, sys, tempfile, time
+sys.path.insert(0, {str(ROOT)!r})
+from det_tasks.config import ExperimentConfig
+from det_tasks.runner.local import load_raw_config, run_trial
+from det_tasks.searcher import make_searcher
+from pathlib import Path
+_, cfg = load_raw_config(Path({str(config)!r}), {overrides!r})
+work = make_searcher(cfg).start()
+t0 = time.perf_counter()
+for w in work:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_trial({str(config)!r}, overrides={overrides!r}, checkpoint_dir=tmp, progress=False,
+                  hparams=w.hparams, max_batches=w.batches)
+print(time.perf_counter() - t0)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DET_TASKS_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=MNIST, env=env, check=True, capture_output=True
+    )
+    return float(out.stdout.decode().split()[-1])
+
+
+def warm_step_overheads(trials: int = 4) -> list[float]:
+    """Per segment: (checkpoint task end - train task end) - worker-side validate and
+    checkpoint seconds, from an in-process grid flow read back through Prefect's API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as TIMEOUT
+    from prefect.settings import temporary_settings
+
+    from flows.embedded import use_embedded_defaults
+    from flows.engine import background_cluster
+    from flows.experiment import experiment
+
+    use_embedded_defaults()
+    with background_cluster(2), temporary_settings({TIMEOUT: 120}):
+        state = experiment(
+            str(MNIST / "grid.yaml"),
+            [f"hyperparameters.learning_rate.count={trials // 2}", *GRID[1:]],
+            return_state=True,
+        )
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}))
+    work: dict[Any, float] = {}
+    for log in logs:
+        match = WORK.search(log.message)
+        if match and log.task_run_id:
+            work[log.task_run_id] = float(match.group(1))
+    named = {t.name: t for t in tasks}
+    overheads = []
+    for name, task in named.items():
+        if not name.startswith("train "):
+            continue
+        trial, stop = re.match(r"train (trial-\d+) \[\d+→(\d+)\)", name).groups()  # type: ignore[union-attr]
+        validate, ckpt = named[f"validate {trial} @{stop}"], named[f"checkpoint {trial} @{stop}"]
+        span = (ckpt.end_time - task.end_time).total_seconds()
+        overheads.append(span - work[validate.id] - work[ckpt.id])
+    return overheads
 
 
 def deployment_latency() -> dict[str, float]:
@@ -55,73 +159,41 @@ def deployment_latency() -> dict[str, float]:
     )[0]
     return {
         "submit_to_flow_running_s": flow_run.start_time.timestamp() - t0,
-        "submit_to_task_running_s": task.start_time.timestamp() - t0,
+        "submit_to_first_task_running_s": task.start_time.timestamp() - t0,
         "submit_to_training_start_s": trial.info.start_time / 1000 - t0,
-        "segment_task_s": (task.end_time - task.start_time).total_seconds(),
-        "segment_training_s": (trial.info.end_time - trial.info.start_time) / 1000,
-        "segment_overhead_s": (task.end_time - task.start_time).total_seconds()
-        - (trial.info.end_time - trial.info.start_time) / 1000,
-    }
-
-
-def grid_speedup(trials: int) -> dict[str, float]:
-    from det_tasks.runner import run_trial
-    from flows.experiment import experiment
-
-    config = ROOT / "tests/fixtures/flow_model/grid.yaml"
-    overrides = [
-        f"searcher.max_trials={trials}",
-        "hyperparameters.learning_rate.vals=" + json.dumps([0.01 * (i + 1) for i in range(trials)]),
-        "hyperparameters.hidden.vals=[4]",
-        "searcher.max_length={batches: 200}",
-    ]
-    t0 = time.perf_counter()
-    experiment(str(config), overrides)
-    flow_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for i in range(trials):
-        hparams = {"global_batch_size": 8, "learning_rate": 0.01 * (i + 1), "hidden": 4}
-        cmd = [sys.executable, "-m", "det_tasks.runner.cli", "run", str(config), "--no-progress"]
-        cmd += ["--hparams", json.dumps(hparams)]
-        for item in overrides:
-            cmd += ["--param", item]
-        subprocess.run(cmd, check=True, capture_output=True)
-    cli_serial_s = time.perf_counter() - t0
-    saved = os.environ.pop("MLFLOW_TRACKING_URI")
-    try:
-        t0 = time.perf_counter()
-        for i in range(trials):
-            with tempfile.TemporaryDirectory() as tmp:
-                run_trial(
-                    config,
-                    overrides=overrides,
-                    checkpoint_dir=tmp,
-                    progress=False,
-                    hparams={"global_batch_size": 8, "learning_rate": 0.01 * (i + 1), "hidden": 4},
-                )
-        serial_s = time.perf_counter() - t0
-    finally:
-        os.environ["MLFLOW_TRACKING_URI"] = saved
-    return {
-        "trials": trials,
-        "flow_concurrency_2_s": flow_s,
-        "back_to_back_in_process_s": serial_s,
-        "flow_over_in_process_half": flow_s / (serial_s / 2),
-        "back_to_back_cli_with_mlflow_s": cli_serial_s,
-        "flow_over_cli_half": flow_s / (cli_serial_s / 2),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--grid-trials", type=int, default=16)
+    parser.add_argument("--deployment", action="store_true", help="also measure item 4")
     args = parser.parse_args()
     # No system-metrics sampler in the trials this script starts: it would time it too.
     os.environ["DET_TASKS_SYSTEM_METRICS_INTERVAL"] = "0"
-    runs = [deployment_latency() for _ in range(args.repeats)]
-    latency = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]} if runs else {}
-    print(json.dumps({"deployment": latency, "grid": grid_speedup(args.grid_trials)}, indent=2))
+    one, grid, serial = [], [], []
+    for _ in range(args.repeats):  # interleaved, so load changes hit all three alike
+        one.append(flow_wall(MNIST / "const.yaml", ONE_BATCH))
+        grid.append(flow_wall(MNIST / "grid.yaml", GRID))
+        serial.append(in_process_back_to_back(MNIST / "grid.yaml", GRID))
+    one_s, grid_s, serial_s = (statistics.median(x) for x in (one, grid, serial))
+    overheads = warm_step_overheads()
+    report: dict[str, Any] = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), load {os.getloadavg()}",
+        "one_batch_flow_s": round(one_s, 2),
+        "grid8_flow_s": round(grid_s, 2),
+        "grid8_back_to_back_in_process_s": round(serial_s, 2),
+        "grid_ratio": round((grid_s - one_s) / (serial_s / 2), 2),
+        "warm_validate_checkpoint_overhead_ms_median": round(
+            1000 * statistics.median(overheads), 1
+        ),
+        "warm_validate_checkpoint_overhead_ms_max": round(1000 * max(overheads), 1),
+        "raw": {"one": one, "grid": grid, "serial": serial, "overheads": overheads},
+    }
+    if args.deployment:
+        runs = [deployment_latency() for _ in range(args.repeats)]
+        report["deployment"] = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -82,7 +82,10 @@ class TrialChains:
         running: dict[Future[Any], _Stage] = {}
         active = 0
         while todo or running:
-            while todo and active < limit:
+            # One trial per worker: more chains than workers would only evict each other's
+            # held trials (correct, via checkpoints, but replaying work).
+            capacity = min(limit, max(1, len(self.placement.workers())))
+            while todo and active < capacity:
                 stage = self._start(todo.pop(0))
                 running[_as_future(stage.future)] = stage
                 active += 1

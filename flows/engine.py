@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"
+EXPECTED_WORKERS_ENV = "DET_TASKS_DASK_WAIT_WORKERS"  # set by background_cluster
 
 
 @contextlib.contextmanager
@@ -61,12 +62,26 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
     address = os.environ.get(SCHEDULER_ENV)
     if address:
         with Client(address, set_as_default=True) as client:
+            _wait_for_workers(client, int(os.environ.get(EXPECTED_WORKERS_ENV, "1")))
             _register(client)
             yield client
         return
     with embedded_cluster(n_workers, gpu_slots) as cluster, Client(cluster) as client:
+        _wait_for_workers(client, n_workers)
         _register(client)
         yield client
+
+
+def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
+    try:
+        client.wait_for_workers(n, timeout=timeout_s)
+    except TimeoutError:
+        address = client.scheduler_info().get("address")
+        raise RuntimeError(
+            f"fewer than {n} Dask worker(s) joined the scheduler {address} "
+            f"within {timeout_s:.0f} s: start workers with `dask worker ADDRESS --nthreads 1` "
+            f"(or unset {SCHEDULER_ENV} to run an embedded cluster)"
+        ) from None
 
 
 def _register(client: Client) -> None:
@@ -142,17 +157,19 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
 
     thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
     thread.start()
-    before = os.environ.get(SCHEDULER_ENV)
+    before = {name: os.environ.get(name) for name in (SCHEDULER_ENV, EXPECTED_WORKERS_ENV)}
     os.environ[SCHEDULER_ENV] = address
+    os.environ[EXPECTED_WORKERS_ENV] = str(max(1, n_workers))
     try:
         yield address
     finally:
         stop.set()
         thread.join(timeout=60)
-        if before is None:
-            os.environ.pop(SCHEDULER_ENV, None)
-        else:
-            os.environ[SCHEDULER_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:

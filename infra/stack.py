@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra import postgres
+from infra import dask_cluster, postgres
 from infra.postgres import postgres_urls
 from infra.services import (
     Service,
@@ -32,6 +32,8 @@ from infra.services import (
 )
 
 __all__ = ["StackConfig", "down", "env_for", "main", "up"]
+
+SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by flows.engine
 
 BUCKET = "det-tasks"
 ARTIFACTS_PREFIX = "mlflow-artifacts"
@@ -58,6 +60,9 @@ class StackConfig:
     # PostgreSQL behind MLflow and Prefect instead of SQLite (infra/postgres.py), on this
     # port; DET_TASKS_POSTGRES_PORT for `make up`.
     postgres_port: int | None = None
+    # The Dask scheduler experiment flows run trials through (infra/dask_cluster.py); its workers
+    # (DET_TASKS_DASK_WORKERS, default 2) start with the stack.
+    dask_port: int = 8786
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -71,6 +76,7 @@ class StackConfig:
             mlflow_port=_port("MLFLOW", 5001),
             backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
             prefect_port=_port("PREFECT", 4200),
+            dask_port=_port("DASK", 8786),
             auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
             postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
             if os.environ.get("DET_TASKS_POSTGRES_PORT")
@@ -155,6 +161,7 @@ def env_for(config: StackConfig) -> dict[str, str]:
         "DET_TASKS_S3_BUCKET": BUCKET,
         "DET_TASKS_MLFLOW_ARTIFACTS": f"s3://{BUCKET}/{ARTIFACTS_PREFIX}",
         "PREFECT_API_URL": config.prefect_api,
+        SCHEDULER_ENV: dask_cluster.scheduler_address(config.dask_port),
     }
 
 
@@ -457,6 +464,8 @@ def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str
     start(seaweed)
     _ensure_bucket(config)
     start(mlflow_service(config))
+    for service in _dask_services(config):
+        start(service)
     if prefect:
         _check_ports_free(prefect_server_service(config), [config.prefect_port])
         start(prefect_server_service(config))
@@ -468,10 +477,18 @@ def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str
     return env
 
 
+def _dask_services(config: StackConfig) -> list[Service]:
+    address = dask_cluster.scheduler_address(config.dask_port)
+    workers = dask_cluster.worker_services(config.root, address, env_for(config))
+    return [dask_cluster.scheduler_service(config.root, config.dask_port), *workers]
+
+
 def down(config: StackConfig | None = None) -> None:
     config = config or StackConfig.from_env()
     stop(prefect_worker_service(config))
     stop(prefect_server_service(config))
+    for service in reversed(_dask_services(config)):
+        stop(service)
     stop(mlflow_service(config))
     stop(seaweed_service(config))
     if config.postgres_port:
@@ -508,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         for service in (
             seaweed_service(config),
             mlflow_service(config),
+            *_dask_services(config),
             prefect_server_service(config),
             prefect_worker_service(config),
         ):

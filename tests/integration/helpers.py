@@ -28,6 +28,7 @@ def isolated_stack_config(root: Path, offset: int = 0, **settings: Any) -> Stack
         filer_port=28989 + offset,
         mlflow_port=25001 + offset,
         prefect_port=24200 + offset,
+        dask_port=28786 + offset,
         **settings,
     )
 

@@ -1,0 +1,97 @@
+"""The stack's Dask cluster: a scheduler and warm worker processes that experiment flows run
+their trials on (``DET_TASKS_DASK_SCHEDULER`` in the stack's env points flows at it).
+
+Workers are started with Dask's own CLI (``dask worker``), one thread each, under a Nanny
+(it restarts a killed or recycled worker), importing torch, the harness and the MLflow/S3
+clients once at start (``--preload flows.workers``). ``worker_service`` also serves a worker
+on another machine: give it that machine's working directory and environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from infra.services import Service
+
+__all__ = ["scheduler_address", "scheduler_service", "worker_service", "worker_services"]
+
+
+def scheduler_address(port: int, host: str = "127.0.0.1") -> str:
+    return f"tcp://{host}:{port}"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def scheduler_service(root: Path, port: int) -> Service:
+    """``dask scheduler`` on loopback. A lost worker fails its task at once
+    (allowed-failures 0): the experiment's task retries (max_restarts) decide."""
+    argv = [
+        sys.executable, "-m", "distributed.cli.dask_scheduler",
+        "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+    ]  # fmt: skip
+    return Service(
+        "dask-scheduler",
+        argv,
+        lambda: _port_open(port),
+        root,
+        env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"},
+        start_timeout_s=60,
+        stop_timeout_s=15,
+    )
+
+
+def worker_service(
+    root: Path,
+    scheduler: str,
+    name: str,
+    workdir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Service:
+    """One worker process (one trial at a time) joined to ``scheduler``, running in
+    ``workdir`` (its own folder, as on another host) with ``env`` added."""
+    folder = workdir or root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
+        "--name", name, "--nthreads", "1", "--nworkers", "1",
+        "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
+        "--preload", "flows.workers",
+    ]  # fmt: skip
+    log = root / "logs" / f"{name}.log"
+    before = _registrations(log)  # the log is appended to across restarts
+    return Service(
+        name,
+        argv,
+        lambda: _registrations(log) > before,
+        root,
+        env={
+            "DET_TASKS_CACHE_DIR": str(folder / "cache"),
+            "TMPDIR": str(_mkdir(folder / "tmp")),
+            **(env or {}),
+        },
+        start_timeout_s=120,
+        stop_timeout_s=20,
+        cwd=folder,
+    )
+
+
+def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Service]:
+    """``DET_TASKS_DASK_WORKERS`` (default 2) workers of this host."""
+    count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
+    return [worker_service(root, scheduler, f"dask-worker-{i}", env=env) for i in range(count)]
+
+
+def _registrations(log: Path) -> int:
+    return log.read_text(errors="replace").count("Registered to:") if log.exists() else 0
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

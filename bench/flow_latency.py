@@ -102,7 +102,7 @@ def warm_step_overheads(trials: int = 4) -> list[float]:
     from flows.experiment import experiment
 
     use_embedded_defaults()
-    with background_cluster(2), temporary_settings({TIMEOUT: 120}):
+    with background_cluster(2), temporary_settings({TIMEOUT: 300}):
         state = experiment(
             str(MNIST / "grid.yaml"),
             [f"hyperparameters.learning_rate.count={trials // 2}", *GRID[1:]],

@@ -105,6 +105,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
         # A lost worker fails its step at once (KilledWorker), so the flow's retry policy
         # (max_restarts) decides, rather than Dask silently re-running it elsewhere.
         "distributed.scheduler.allowed-failures": 0,
+        # Steps are long and placed on purpose (where their trial is held); stealing one
+        # for an idle worker would only force a restore.
+        "distributed.scheduler.work-stealing": False,
         "distributed.worker.multiprocessing-method": "forkserver",
     }
     with dask.config.set(settings):
@@ -132,6 +135,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             processes=True,
             dashboard_address=":0",
             scheduler_port=port,
+            # Shutdown races (a worker's last heartbeat to a closed scheduler) are not the
+            # user's business; a failing step still raises in the flow, naming its error.
+            silence_logs=logging.CRITICAL,
         ) as cluster:
             yield cluster
 
@@ -182,7 +188,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
         key=f"{request.kind}-trial-{request.trial.trial_id}-{request.stop}-{uuid.uuid4().hex[:8]}",
         pure=False,
         workers=[worker] if worker else None,
-        allow_other_workers=True,
+        allow_other_workers=bool(worker),  # Dask refuses it without workers=
         resources={"GPU": gpus} if gpus else None,
     )
     result: StepResult = future.result()

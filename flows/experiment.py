@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         else background_cluster(workers, cfg.resources.slots_per_trial),
         quiet_prefect_shutdown(complete_errors=(TrialFailed, ConfigError)),
         # The ephemeral server's default 20 s start-up wait is too short on a busy machine.
-        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}),
+        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
     ):
         try:
             result = experiment(args[0], args[1:])

@@ -41,7 +41,11 @@ def scheduler_service(root: Path, port: int) -> Service:
         argv,
         lambda: _port_open(port),
         root,
-        env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"},
+        # Steps are placed where their trial is held: no work stealing.
+        env={
+            "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
+            "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
+        },
         start_timeout_s=60,
         stop_timeout_s=15,
     )

@@ -120,7 +120,7 @@ def test_trials_are_linked_chains_of_named_tasks_on_warm_workers(stack, tmp_path
     assert len(builds) < 3 * segments
     assert len(set(builds)) <= int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
 
-    (table,) = [a for a in artifacts if a.type == "table"][-1:]
+    table = max((a for a in artifacts if a.type == "table"), key=lambda a: a.created)
     rows = table.data if isinstance(table.data, list) else json.loads(table.data)
     assert sorted(r["trial"] for r in rows) == [1, 2, 3, 4]
     for row in rows:

@@ -120,11 +120,13 @@ class TrialChains:
         ref = self._ref(work)
         trial_id = work.trial_id
         start = self.position.get(trial_id, 0)
-        stop = work.batches if work.batches is not None else self.cfg.max_length.value
+        # None: to searcher.max_length, which the worker turns into batches (epochs and
+        # records need the trial's data loader).
+        stop = work.batches
         worker = self.placement.claim(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
-            task_run_name=f"train trial-{trial_id} [{start}→{stop})",
+            task_run_name=f"train trial-{trial_id} [{start}→{self._label(stop)})",
             tags=ref.tags,
             retries=self.cfg.max_restarts,
         ).submit(
@@ -136,6 +138,12 @@ class TrialChains:
             experiment_best=self.best["metric"] if self.best else None,
         )
         return _Stage(work, ref, "train", future)
+
+    def _label(self, stop: int | None) -> str:
+        if stop is not None:
+            return str(stop)
+        length = self.cfg.max_length
+        return str(length.value) if length.unit == "batches" else f"{length.value} {length.unit}"
 
     def _next(self, stage: _Stage, result: StepResult) -> _Stage | None:
         trial_id, ref = stage.work.trial_id, stage.ref

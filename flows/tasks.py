@@ -35,7 +35,9 @@ class TrialRef:
     config_yaml: str | None = None  # with a package: the config's text, for the workers
     gpus: int = 0
 
-    def request(self, kind: str, start: int, stop: int, release: bool = False) -> StepRequest:
+    def request(
+        self, kind: str, start: int, stop: int | None, release: bool = False
+    ) -> StepRequest:
         return StepRequest(
             trial=self.spec,
             kind=kind,
@@ -57,13 +59,14 @@ class TrialRef:
 def train(
     trial: TrialRef,
     start: int,
-    stop: int,
+    stop: int | None,
     after: StepResult | None = None,
     worker: str | None = None,
     experiment_best: float | None = None,
 ) -> StepResult:
-    """Train the trial from batch ``start`` to ``stop`` (``after``: the trial's previous
-    step, for the graph; ``experiment_best``: the search's best metric so far)."""
+    """Train the trial from batch ``start`` to ``stop`` (None: to searcher.max_length;
+    ``after``: the trial's previous step, for the graph; ``experiment_best``: the search's
+    best metric so far)."""
     kind = "train" if trial.holdable else "segment"
     request = dataclasses.replace(trial.request(kind, start, stop), experiment_best=experiment_best)
     result = submit_step(request, worker, trial.gpus)

@@ -62,12 +62,14 @@ class TrialFailed(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class StepRequest:
     """One position-addressed step of a trial: the trial must be at a batch in
-    [``start``, ``stop``] to begin; train steps then train to ``stop``."""
+    [``start``, ``stop``] to begin; train steps then train to ``stop``. ``stop`` None is
+    the trial's searcher.max_length, which only the worker can turn into batches when it
+    is given in epochs or records (it needs the trial's data loader)."""
 
     trial: TrialSpec
     kind: str
     start: int
-    stop: int
+    stop: int | None
     parent_run_id: str
     experiment_id: str
     package: str | None = None  # s3://.../packages/<sha>.tar.gz: unpacked on the worker
@@ -146,7 +148,7 @@ class HeldTrialPlugin(WorkerPlugin):
         if (
             held is not None
             and held.spec.key == spec.key
-            and request.start <= held.position <= request.stop
+            and request.start <= held.position <= _bound(request.stop, held)
         ):
             return held, True
         self.release()
@@ -209,7 +211,7 @@ def run_step(request: StepRequest) -> StepResult:
         held = plugin.held
         if held is not None and held.spec.key == spec.key and held.position == request.stop:
             plugin.release()
-        return _result(worker, request.stop, True, started)
+        return _result(worker, request.stop or 0, True, started)
     if request.kind == "segment":
         return _segment(worker, request, spec, started)
     try:
@@ -221,7 +223,7 @@ def run_step(request: StepRequest) -> StepResult:
         validation, uri = None, None
         if request.kind == "train":
             trial.set_experiment_best(request.experiment_best)
-            trial.train_to(request.stop)
+            trial.train_to(_bound(request.stop, trial))
         elif request.kind == "validate":
             validation = trial.validate()
         else:
@@ -245,6 +247,10 @@ def run_step(request: StepRequest) -> StepResult:
     if request.release_after:
         plugin.release()
     return result
+
+
+def _bound(stop: int | None, trial: HeldTrial) -> int:
+    return trial.max_batches if stop is None else stop
 
 
 def release_all(dask_worker: Worker) -> int:
@@ -290,9 +296,9 @@ def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: flo
             json.dumps(spec.hparams),
             "--summary-file",
             str(summary_file),
-            "--max-batches",
-            str(request.stop),
         ]
+        if request.stop is not None:
+            cmd += ["--max-batches", str(request.stop)]
         if spec.experiment_run_key:
             cmd += ["--experiment-run", spec.experiment_run_key]
         for uri in resume:

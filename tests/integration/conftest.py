@@ -4,6 +4,7 @@ project's own infra/ code on ports of its own, and stopped at the end."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     os.environ.update(env)
     os.environ["DET_TASKS_CACHE_DIR"] = str(root / "cache")
     os.environ["PREFECT_HOME"] = str(root / "prefect-client")
+    _reload_prefect_settings()
     try:
         yield config
     finally:
@@ -34,6 +36,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
         down(config)
         os.environ.clear()
         os.environ.update(saved)
+        _reload_prefect_settings()
+
+
+def _reload_prefect_settings() -> None:
+    """Prefect reads its settings from the environment once, at import; a test module that
+    imported it at collection would otherwise talk to an ephemeral server, not the stack's."""
+    if "prefect.context" in sys.modules:
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
 
 
 def _flush_prefect_logs() -> None:

@@ -100,7 +100,7 @@ def load_trial_from_checkpoint_path(
         )
         context = CheckpointLoadContext(settings)
         trial = adapt_trial(trial_class(context, **(trial_kwargs or {})), context)
-        from det_tasks.pytorch._loop import load_state
+        from det_tasks.pytorch._restore import load_state
 
         rng_free = {k: v for k, v in state.items() if k != "rng_state"}
         load_state(context, {}, rng_free)

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import sys
 import time
 import warnings
@@ -34,12 +33,12 @@ from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._metrics import TrainingMetricsBuffer, average_across_ranks, check_metrics
 from det_tasks.pytorch._nonfinite import METRIC as NONFINITE_METRIC
 from det_tasks.pytorch._profiler import PhaseTimer, ProfilerSettings
+from det_tasks.pytorch._restore import load_state, open_checkpoint, overridden
 from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
 from det_tasks.sinks import MetricsSink
 from det_tasks.storage import CheckpointStore
-from det_tasks.uris import open_checkpoint_uri, scheme_of
 
 __all__ = ["FitOptions", "TrialController"]
 
@@ -456,9 +455,9 @@ class TrialController:
         # These need the files on this thread, so with any of them the write is synchronous.
         write_end: list[Callable[[str], None]] = []
         for cb in self.callbacks.values():
-            if _overridden(cb, "on_checkpoint_end"):
+            if overridden(cb, "on_checkpoint_end"):
                 write_end.append(cb.on_checkpoint_end)
-            if _overridden(cb, "on_checkpoint_write_end"):
+            if overridden(cb, "on_checkpoint_write_end"):
                 write_end.append(cb.on_checkpoint_write_end)
         return self._writer.save(state, files, write_end, self.latest_checkpoint_uuid)
 
@@ -488,9 +487,7 @@ class TrialController:
             return ckpt.read_state(path)
 
     def _install_before_step_hooks(self) -> None:
-        hooks = [
-            cb for cb in self.callbacks.values() if _overridden(cb, "on_before_optimizer_step")
-        ]
+        hooks = [cb for cb in self.callbacks.values() if overridden(cb, "on_before_optimizer_step")]
         if hooks:
             warnings.warn(
                 "PyTorchCallback.on_before_optimizer_step is deprecated; pass clip_grads= to "
@@ -501,95 +498,8 @@ class TrialController:
         self.context._before_step_hooks = [cb.on_before_optimizer_step for cb in hooks]
 
 
-@contextlib.contextmanager
-def open_checkpoint(store: CheckpointStore, reference: str) -> Iterator[Path]:
-    """A checkpoint by uuid in ``store``, or by directory path."""
-    if os.path.isdir(reference):
-        yield Path(reference)
-        return
-    if scheme_of(reference) is not None:
-        with open_checkpoint_uri(reference) as path:
-            yield path
-        return
-    with store.restore(reference) as path:
-        yield path
-
-
-def load_state(
-    context: PyTorchTrialContext, callbacks: dict[str, PyTorchCallback], state: dict[str, Any]
-) -> None:
-    """Restore models, optimizers, schedulers, scaler, RNG and callbacks from a state dict."""
-    for cb in callbacks.values():
-        cb.on_checkpoint_load_start(state)
-    models = state.get("models_state_dict")
-    if models is None and "model_state_dict" in state:
-        models = [state["model_state_dict"]]
-    if models is None or len(models) != len(context.models):
-        found = "none" if models is None else len(models)
-        raise CheckpointError(
-            f"the checkpoint holds {found} model state dicts but the trial wrapped "
-            f"{len(context.models)} models; was it written by a different trial class?"
-        )
-    for model, sd in zip(context.models, models):
-        _load_model(model, sd)
-    optimizers = state.get("optimizers_state_dict")
-    if optimizers is None and "optimizer_state_dict" in state:
-        optimizers = [state["optimizer_state_dict"]]
-    for opt, sd in zip(context.optimizers, _matching("optimizer", optimizers, context.optimizers)):
-        opt.load_state_dict(sd)
-    schedulers = state.get("lr_schedulers_state_dict")
-    if schedulers is None and "lr_scheduler" in state:  # Determined's pre-0.13 single key
-        schedulers = [state["lr_scheduler"]]
-    for sched, sd in zip(
-        context.lr_schedulers, _matching("LR scheduler", schedulers, context.lr_schedulers)
-    ):
-        sched.load_state_dict(sd)
-    if context._scaler is not None and "scaler_state_dict" in state:
-        context._scaler.load_state_dict(state["scaler_state_dict"])
-    if "rng_state" in state:
-        ckpt.restore_rng_state(state["rng_state"], context.device)
-    saved = state.get("callbacks") or {}
-    for name, cb in callbacks.items():
-        if name in saved:
-            cb.load_state_dict(saved[name])
-        elif _overridden(cb, "load_state_dict"):
-            log.warning("callback %r has no saved state in the checkpoint; starting fresh", name)
-
-
-def _matching(kind: str, saved: list[Any] | None, wrapped: list[Any]) -> list[Any]:
-    """The saved state dicts, refusing a count that differs from what the trial wrapped
-    (zipping would silently drop the extras or leave some fresh)."""
-    if saved is None:
-        return []
-    if len(saved) != len(wrapped):
-        raise CheckpointError(
-            f"the checkpoint holds {len(saved)} {kind} state dicts but the trial wrapped "
-            f"{len(wrapped)} {kind}s; resume with the trial code and hyperparameters that "
-            "wrote it, or start from scratch"
-        )
-    return list(saved)
-
-
-def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
-    is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    target: torch.nn.Module = model.module if is_ddp else model  # type: ignore[assignment]
-    sd = dict(sd)
-    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "module.")
-    try:
-        target.load_state_dict(sd)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"the checkpoint's model weights do not fit {type(target).__name__}: "
-            f"{str(err).splitlines()[0]}; were hyperparameters that shape the model changed?"
-        ) from None
-
-
 def _legacy_trial_state(path: Path) -> dict[str, Any]:
     return ckpt.determined_progress(path)
-
-
-def _overridden(cb: PyTorchCallback, name: str) -> bool:
-    return getattr(type(cb), name) is not getattr(PyTorchCallback, name)
 
 
 def _check_callbacks(callbacks: Any) -> dict[str, PyTorchCallback]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._loop import open_checkpoint
+from det_tasks.pytorch._restore import open_checkpoint
 from det_tasks.storage import CheckpointStore
 
 __all__ = ["choose_resume_checkpoint"]

@@ -1,0 +1,113 @@
+"""Restoring a trial from a checkpoint: find it (a uuid in the store, a directory or a URI)
+and put every piece of saved state back into what the trial wrapped, refusing a checkpoint
+whose shape does not fit instead of loading part of it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from det_tasks import checkpoint_format as ckpt
+from det_tasks.errors import CheckpointError
+from det_tasks.pytorch._callback import PyTorchCallback
+from det_tasks.pytorch._context import PyTorchTrialContext
+from det_tasks.storage import CheckpointStore
+from det_tasks.uris import open_checkpoint_uri, scheme_of
+
+__all__ = ["load_state", "open_checkpoint", "overridden"]
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def open_checkpoint(store: CheckpointStore, reference: str) -> Iterator[Path]:
+    """A checkpoint by uuid in ``store``, or by directory path."""
+    if os.path.isdir(reference):
+        yield Path(reference)
+        return
+    if scheme_of(reference) is not None:
+        with open_checkpoint_uri(reference) as path:
+            yield path
+        return
+    with store.restore(reference) as path:
+        yield path
+
+
+def load_state(
+    context: PyTorchTrialContext, callbacks: dict[str, PyTorchCallback], state: dict[str, Any]
+) -> None:
+    """Restore models, optimizers, schedulers, scaler, RNG and callbacks from a state dict."""
+    for cb in callbacks.values():
+        cb.on_checkpoint_load_start(state)
+    models = state.get("models_state_dict")
+    if models is None and "model_state_dict" in state:
+        models = [state["model_state_dict"]]
+    if models is None or len(models) != len(context.models):
+        found = "none" if models is None else len(models)
+        raise CheckpointError(
+            f"the checkpoint holds {found} model state dicts but the trial wrapped "
+            f"{len(context.models)} models; was it written by a different trial class?"
+        )
+    for model, sd in zip(context.models, models):
+        _load_model(model, sd)
+    optimizers = state.get("optimizers_state_dict")
+    if optimizers is None and "optimizer_state_dict" in state:
+        optimizers = [state["optimizer_state_dict"]]
+    for opt, sd in zip(context.optimizers, _matching("optimizer", optimizers, context.optimizers)):
+        opt.load_state_dict(sd)
+    schedulers = state.get("lr_schedulers_state_dict")
+    if schedulers is None and "lr_scheduler" in state:  # Determined's pre-0.13 single key
+        schedulers = [state["lr_scheduler"]]
+    for sched, sd in zip(
+        context.lr_schedulers, _matching("LR scheduler", schedulers, context.lr_schedulers)
+    ):
+        sched.load_state_dict(sd)
+    if context._scaler is not None and "scaler_state_dict" in state:
+        context._scaler.load_state_dict(state["scaler_state_dict"])
+    if "rng_state" in state:
+        ckpt.restore_rng_state(state["rng_state"], context.device)
+    saved = state.get("callbacks") or {}
+    for name, cb in callbacks.items():
+        if name in saved:
+            cb.load_state_dict(saved[name])
+        elif overridden(cb, "load_state_dict"):
+            log.warning("callback %r has no saved state in the checkpoint; starting fresh", name)
+
+
+def _matching(kind: str, saved: list[Any] | None, wrapped: list[Any]) -> list[Any]:
+    """The saved state dicts, refusing a count that differs from what the trial wrapped
+    (zipping would silently drop the extras or leave some fresh)."""
+    if saved is None:
+        return []
+    if len(saved) != len(wrapped):
+        raise CheckpointError(
+            f"the checkpoint holds {len(saved)} {kind} state dicts but the trial wrapped "
+            f"{len(wrapped)} {kind}s; resume with the trial code and hyperparameters that "
+            "wrote it, or start from scratch"
+        )
+    return list(saved)
+
+
+def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
+    is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    target: torch.nn.Module = model.module if is_ddp else model  # type: ignore[assignment]
+    sd = dict(sd)
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "module.")
+    try:
+        target.load_state_dict(sd)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the checkpoint's model weights do not fit {type(target).__name__}: "
+            f"{str(err).splitlines()[0]}; were hyperparameters that shape the model changed?"
+        ) from None
+
+
+def overridden(cb: PyTorchCallback, name: str) -> bool:
+    """Whether the callback's class defines ``name`` itself (not PyTorchCallback's no-op)."""
+    return getattr(type(cb), name) is not getattr(PyTorchCallback, name)

@@ -45,9 +45,15 @@ WORK = re.compile(r"\((?:warm|restored from [^,]+), ([\d.]+) s\)")
 
 
 def _no_server_env(home: Path) -> dict[str, str]:
+    """No stack settings, and no system-metrics sampler (it would be timed too)."""
     drop = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return {**env, "DET_TASKS_HOME": str(home / "det"), "PREFECT_HOME": str(home / "prefect")}
+    return {
+        **env,
+        "DET_TASKS_HOME": str(home / "det"),
+        "PREFECT_HOME": str(home / "prefect"),
+        "DET_TASKS_SYSTEM_METRICS_INTERVAL": "0",
+    }
 
 
 def flow_wall(config: Path, overrides: list[str]) -> float:

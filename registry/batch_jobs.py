@@ -56,7 +56,12 @@ class MlflowJobServices:
     and its S3 output prefix (``upload_path()`` files)."""
 
     def __init__(
-        self, job_id: str, experiment_name: str, chief: bool = True, run_id: str | None = None
+        self,
+        job_id: str,
+        experiment_name: str,
+        chief: bool = True,
+        run_id: str | None = None,
+        writer: tuple[int, int] = (0, 1),
     ) -> None:
         self.chief = chief
         settings = RegistrySettings.from_env()
@@ -70,7 +75,10 @@ class MlflowJobServices:
         if chief:
             self.client.set_tag(self.run_id, "det.output", self.output.uri)
         self.sink = MlflowMetricsSink(
-            self.client, self.run_id, spill_dir=settings.cache_dir / "spill" / self.run_id
+            self.client,
+            self.run_id,
+            spill_dir=settings.cache_dir / "spill" / self.run_id / str(writer[0]),
+            writer=writer,
         )
         self.checkpoint_store = S3CheckpointStore(
             self.client,

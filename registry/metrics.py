@@ -54,8 +54,13 @@ class MlflowMetricsSink:
         memory_limit: int = 200_000,
         flush_interval_s: float = 2.0,
         close_timeout_s: float = 120.0,
+        writer: tuple[int, int] = (0, 1),
     ) -> None:
         self.client = client
+        # (rank, ranks) of processes logging to this run: MLflow keeps one row per (key,
+        # step, value, timestamp), so two ranks' equal reports in the same millisecond
+        # would collapse into one; each rank's timestamps get their own residue mod ranks.
+        self._rank, self._ranks = writer
         self.run_id = run_id
         self._host_creds = get_default_host_creds(client.tracking_uri)
         self._over_http = str(client.tracking_uri).startswith(("http://", "https://"))
@@ -108,7 +113,9 @@ class MlflowMetricsSink:
         # flush_interval (or when a request returns), and builds the points itself.
         with self._state_lock:
             self._idle.clear()
-            self._inbox.append((group, step, int(time.time() * 1000), metrics))
+            now = int(time.time() * 1000)
+            now += self._rank - now % self._ranks
+            self._inbox.append((group, step, now, metrics))
 
     @staticmethod
     def _points(item: tuple[str, int, int, dict[str, Any]]) -> list[Point]:

@@ -198,10 +198,11 @@ def _process(
     job_id = dist.broadcast(default_job_id() if rank == 0 else None)
     name = str(((info.trial.config if info else None) or {}).get("name") or "batch-jobs")
 
-    services = job_services(job_id, name) if rank == 0 else None
+    writer = (rank, size)
+    services = job_services(job_id, name, writer=writer) if rank == 0 else None
     run_id = dist.broadcast(getattr(services, "run_id", None))
     if services is None:
-        services = job_services(job_id, name, chief=False, run_id=run_id)
+        services = job_services(job_id, name, chief=False, run_id=run_id, writer=writer)
     progress = _Progress(services, dist)
     succeeded = False
     try:

@@ -115,10 +115,15 @@ def default_job_id() -> str:
 
 
 def job_services(
-    job_id: str, experiment_name: str, chief: bool = True, run_id: str | None = None
+    job_id: str,
+    experiment_name: str,
+    chief: bool = True,
+    run_id: str | None = None,
+    writer: tuple[int, int] = (0, 1),
 ) -> Any:
     """MLflow + S3 when ``MLFLOW_TRACKING_URI`` is set (``run_id``: the chief's, shared with
-    the other ranks), else the local directory. Only the chief finishes the job's run."""
+    the other ranks; ``writer``: this rank and the job's size, all logging to that run),
+    else the local directory. Only the chief finishes the job's run."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         factory = plugins.load_one("det_tasks.batch_services", "mlflow")
         if factory is None:
@@ -126,5 +131,5 @@ def job_services(
                 "MLFLOW_TRACKING_URI is set but the registry package is not installed: "
                 "pip install -e '.[platform]', or unset MLFLOW_TRACKING_URI to run locally"
             )
-        return factory(job_id, experiment_name, chief=chief, run_id=run_id)
+        return factory(job_id, experiment_name, chief=chief, run_id=run_id, writer=writer)
     return LocalJobServices(det_tasks_home() / "jobs" / job_id, chief=chief)

@@ -1,0 +1,202 @@
+"""examples/mnist/adaptive.yaml against Ray Tune 2.60 running the same search, side by side in
+one run (issue 14, target row 2: our wall <= Ray Tune's).
+
+- ours: ``python -m flows.experiment examples/mnist/adaptive.yaml`` with no servers
+  configured, as bench/flow_latency.py runs its flows (embedded Prefect server, MLflow
+  SQLite store, a Dask cluster of 2 single-threaded workers; MLflow's system-metrics
+  sampler off, as in every bench's timing path; Ray Tune samples nothing either).
+- Ray Tune: bench/ray_adaptive_trial.py under Ray's own venv: the example's own trial
+  class (same CNN, digits data, space, 16 trials), ``ASHAScheduler(time_attr="batches",
+  max_t=200, grace_period=12, reduction_factor=4)`` (rungs 12/48/192), 2 trials at a time
+  on ``ray.init(num_cpus=2)``, a full validation and a model + optimizer checkpoint at each
+  report (the rungs and batch 200), ``torch.set_num_threads(1)`` per trial (our Dask
+  workers run one thread each: ``threads_per_worker=1``, ``OMP_NUM_THREADS=1``).
+  Timed as the whole process, from before ``ray.init`` and after it (the issue's 53 s).
+
+Our search is Determined's adaptive_asha (standard mode: brackets of 3 and 2 rungs, rungs at
+12/50/200 batches), Ray's a single ASHA bracket: the same budget, not the same schedule.
+
+Ray is not a project dependency: the first run makes ``~/.cache/det_tasks/bench-ray-venv``
+(``python -m venv``) and pip-installs ``ray[tune]==2.60.0`` there with torch, scikit-learn
+and det_tasks' core dependencies pinned to the versions in this venv (torch from the same
+pip configuration that installed ours); the repo itself comes in through PYTHONPATH. Later
+runs reuse it while those pins are unchanged. Repeats are interleaved; figures are medians.
+
+    python bench/adaptive_vs_ray.py [--repeats 1] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Helpers from the benches beside this one, imported by name: bench/ is not under the
+# project's mypy (make typecheck covers the packages) and those modules do not pass it, so
+# `mypy bench/adaptive_vs_ray.py` checks this file without following them.
+_flow_latency = importlib.import_module("flow_latency")  # flow_wall's environment and paths
+cpu_name = importlib.import_module("harness_overhead").cpu_name
+ROOT: Path = _flow_latency.ROOT
+MNIST: Path = _flow_latency.MNIST
+_no_server_env = _flow_latency._no_server_env
+
+RAY = "ray[tune]==2.60.0"
+RAY_VENV = Path.home() / ".cache" / "det_tasks" / "bench-ray-venv"
+RAY_TRIAL = Path(__file__).resolve().with_name("ray_adaptive_trial.py")
+CONFIG = MNIST / "adaptive.yaml"
+FULL = {"samples": 16, "max_t": 200, "grace_period": 12}
+SMOKE = {"samples": 4, "max_t": 8, "grace_period": 2}
+TIMES = ("wall_s", "import_s", "init_s", "from_ray_init_s", "after_ray_init_s")
+
+
+def pinned_requirements() -> list[str]:
+    """Ray, plus det_tasks' core and ``examples`` requirements at this venv's versions."""
+    pins = [RAY]
+    for requirement in importlib.metadata.requires("det-tasks") or []:
+        spec, _, marker = requirement.partition(";")
+        if marker and "examples" not in marker:
+            continue
+        match = re.match(r"[A-Za-z0-9_.-]+", spec)
+        assert match is not None, requirement
+        pins.append(f"{match.group(0)}=={importlib.metadata.version(match.group(0))}")
+    return pins
+
+
+def ray_python() -> Path:
+    """The Ray venv's python, made (or remade, when the pins changed) first if need be."""
+    python, stamp = RAY_VENV / "bin" / "python", RAY_VENV / ".bench-pins"
+    pins = pinned_requirements()
+    if python.exists() and stamp.exists() and stamp.read_text() == "\n".join(pins):
+        return python
+    print(f"installing {' '.join(pins)} into {RAY_VENV} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(RAY_VENV)], check=True)
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", *pins], capture_output=True, text=True
+    )
+    if pip.returncode:  # its output is long and noisy (the index's warnings) only then shown
+        sys.exit(f"pip install into {RAY_VENV} failed:\n{(pip.stdout + pip.stderr)[-4000:]}")
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
+    print(
+        f"installed in {time.perf_counter() - started:.0f} s; pip check: "
+        f"{check.stdout.strip() or check.stderr.strip()}",
+        file=sys.stderr,
+        flush=True,
+    )
+    stamp.write_text("\n".join(pins))
+    return python
+
+
+def ours(smoke: bool) -> dict[str, float]:
+    """Wall seconds and best validation_error of the no-server flow (flow_latency's way)."""
+    overrides = (
+        [f"searcher.max_trials={SMOKE['samples']}", f"searcher.max_time={SMOKE['max_t']}"]
+        if smoke
+        else []  # the YAML as it is: 16 trials, max_time 200
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.experiment", str(CONFIG), *overrides],
+            cwd=tmp,
+            env={**_no_server_env(Path(tmp)), "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - started
+    if done.returncode:
+        sys.exit(f"our flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    lines = done.stdout.splitlines()  # the summary JSON is printed last
+    summary = json.loads("\n".join(lines[max(i for i, x in enumerate(lines) if x == "{") :]))
+    return {"wall_s": wall, "best_validation_error": summary["best"]["metric"]}
+
+
+def ray_tune(python: Path, smoke: bool) -> dict[str, Any]:
+    """Wall seconds of the Ray Tune process, and what it reported (see ray_adaptive_trial)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_"))}
+    env |= {"PYTHONPATH": f"{ROOT}{os.pathsep}{MNIST}", "RAY_USAGE_STATS_ENABLED": "0"}
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [python, RAY_TRIAL, json.dumps(SMOKE if smoke else FULL)],
+            cwd=tmp,
+            env={**env, "TMPDIR": tmp},
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - started
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode or not lines:
+        sys.exit(f"Ray Tune failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    if result["trial_errors"]:
+        sys.exit(f"Ray Tune trials failed: {result['trial_errors']}")
+    return {"wall_s": wall, **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="4 trials of at most 8 batches")
+    args = parser.parse_args()
+    python = ray_python()
+    load_start = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "ray": []}
+    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+        runs["ours"].append(ours(args.smoke))
+        runs["ray"].append(ray_tune(python, args.smoke))
+    load_end = os.getloadavg()
+    med = {
+        k: {m: statistics.median(r[m] for r in rs) for m in rs[0] if m in TIMES}
+        for k, rs in runs.items()
+    }
+    sizes = SMOKE if args.smoke else FULL
+    ray_version = runs["ray"][0]["ray"]
+    print(
+        f"machine: {platform.node()} {cpu_name()}, {os.cpu_count()} cores, load average "
+        f"{load_start[0]:.1f} at start, {load_end[0]:.1f} at end (shared with other work)"
+    )
+    print(
+        f"{CONFIG.relative_to(ROOT)}{' (smoke)' if args.smoke else ''}: {sizes['samples']} "
+        f"trials, max {sizes['max_t']} batches, ASHA grace {sizes['grace_period']} / factor 4, "
+        f"2 at a time, 1 thread per trial; median of {args.repeats} interleaved repeat(s)"
+    )
+    best = {k: min(r["best_validation_error"] for r in rs) for k, rs in runs.items()}
+    print("| run | wall s | best validation_error |")
+    print("| --- | --- | --- |")
+    print(
+        f"| ours: python -m flows.experiment, no servers | {med['ours']['wall_s']:.1f} | "
+        f"{best['ours']:.4f} |"
+    )
+    print(
+        f"| Ray Tune {ray_version}: whole process | {med['ray']['wall_s']:.1f} | "
+        f"{best['ray']:.4f} |"
+    )
+    print(f"| Ray Tune: before ray.init -> end of fit() | {med['ray']['from_ray_init_s']:.1f} | |")
+    print(
+        f"| Ray Tune: after ray.init (the issue's 53 s) | {med['ray']['after_ray_init_s']:.1f} | |"
+    )
+    print(
+        f"ours / Ray Tune: {med['ours']['wall_s'] / med['ray']['wall_s']:.2f}x its whole "
+        f"process, {med['ours']['wall_s'] / med['ray']['after_ray_init_s']:.2f}x its time "
+        "after ray.init (target <= 1.00)"
+    )
+    print(
+        f"Ray Tune import {med['ray']['import_s']:.1f} s, ray.init {med['ray']['init_s']:.1f} s; "
+        f"raw: {json.dumps(runs)}"
+    )
+
+
+if __name__ == "__main__":
+    main()

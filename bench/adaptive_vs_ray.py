@@ -45,11 +45,11 @@ from typing import Any
 # Helpers from the benches beside this one, imported by name: bench/ is not under the
 # project's mypy (make typecheck covers the packages) and those modules do not pass it, so
 # `mypy bench/adaptive_vs_ray.py` checks this file without following them.
-_flow_latency = importlib.import_module("flow_latency")  # flow_wall's environment and paths
+_flow_latency = importlib.import_module("flow_latency")  # run_flow and the paths
 cpu_name = importlib.import_module("harness_overhead").cpu_name
 ROOT: Path = _flow_latency.ROOT
 MNIST: Path = _flow_latency.MNIST
-_no_server_env = _flow_latency._no_server_env
+run_flow = _flow_latency.run_flow
 
 RAY = "ray[tune]==2.60.0"
 RAY_VENV = Path.home() / ".cache" / "det_tasks" / "bench-ray-venv"
@@ -105,19 +105,8 @@ def ours(smoke: bool) -> dict[str, float]:
         if smoke
         else []  # the YAML as it is: 16 trials, max_time 200
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "flows.experiment", str(CONFIG), *overrides],
-            cwd=tmp,
-            env={**_no_server_env(Path(tmp)), "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-        )
-        wall = time.perf_counter() - started
-    if done.returncode:
-        sys.exit(f"our flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    lines = done.stdout.splitlines()  # the summary JSON is printed last
+    wall, stdout = run_flow(CONFIG, overrides)
+    lines = stdout.splitlines()  # the summary JSON is printed last
     summary = json.loads("\n".join(lines[max(i for i, x in enumerate(lines) if x == "{") :]))
     return {"wall_s": wall, "best_validation_error": summary["best"]["metric"]}
 

@@ -56,18 +56,26 @@ def _no_server_env(home: Path) -> dict[str, str]:
     }
 
 
-def flow_wall(config: Path, overrides: list[str]) -> float:
-    """Wall seconds of `python -m flows.experiment CONFIG ...` with no servers configured."""
+def run_flow(config: Path, overrides: list[str]) -> tuple[float, str]:
+    """`python -m flows.experiment CONFIG ...` with no servers configured: its wall seconds
+    and its stdout (the summary JSON is printed last); exits with its stderr if it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "flows.experiment", str(config), *overrides],
             cwd=tmp,
             env={**_no_server_env(Path(tmp)), "PYTHONPATH": str(ROOT)},
-            check=True,
             capture_output=True,
+            text=True,
         )
-        return time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+    if done.returncode:
+        sys.exit(f"the flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return wall, done.stdout
+
+
+def flow_wall(config: Path, overrides: list[str]) -> float:
+    return run_flow(config, overrides)[0]
 
 
 def in_process_back_to_back(config: Path, overrides: list[str]) -> float:

@@ -126,8 +126,7 @@ class TrialChains:
         worker = self.placement.claim(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
-            task_run_name=f"train trial-{trial_id} [{start}→{self._label(stop)})",
-            tags=ref.tags,
+            task_run_name=ref.task_name(f"train trial-{trial_id} [{start}→{self._label(stop)})"),
             retries=self.cfg.max_restarts,
         ).submit(
             ref,
@@ -149,16 +148,16 @@ class TrialChains:
         trial_id, ref = stage.work.trial_id, stage.ref
         if result.invalid_hp is not None:
             return None
-        options: dict[str, Any] = {"tags": ref.tags, "retries": self.cfg.max_restarts}
+        options: dict[str, Any] = {"retries": self.cfg.max_restarts}
         if stage.kind == "train":
-            name = f"validate trial-{trial_id} @{result.position}"
+            name = ref.task_name(f"validate trial-{trial_id} @{result.position}")
             future = validate.with_options(task_run_name=name, **options).submit(
                 ref, after=stage.future
             )
             return _Stage(stage.work, ref, "validate", future)
         if stage.kind == "validate":
             release = final_segment(stage.work, self.cfg) or result.stop_requested
-            name = f"checkpoint trial-{trial_id} @{result.position}"
+            name = ref.task_name(f"checkpoint trial-{trial_id} @{result.position}")
             future = checkpoint.with_options(task_run_name=name, **options).submit(
                 ref, after=stage.future, release=release
             )

@@ -96,6 +96,13 @@ def _warm_forkserver() -> None:
     ctx.set_forkserver_preload(["__main__", "distributed", "flows.workers"])
 
 
+# Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is
+# *paused*: it silently stops running tasks. Our workers hold trials (torch, a model, data
+# loaders) in process memory, not Dask data, so 32 workers on 23 GB (0.79 GB each, 0.68 GB
+# used) all paused and the experiment hung. The operating system's limits apply instead.
+NO_MEMORY_LIMIT = 0
+
+
 @contextlib.contextmanager
 def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Iterator[Any]:
     """A cluster of ``n_workers`` single-threaded worker processes on this host, its
@@ -119,6 +126,7 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
                     "cls": Nanny,
                     "options": {
                         "nthreads": 1,
+                        "memory_limit": NO_MEMORY_LIMIT,
                         "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, group))},
                         "resources": {"GPU": len(group)},
                     },
@@ -133,6 +141,7 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             n_workers=max(1, n_workers),
             threads_per_worker=1,
             processes=True,
+            memory_limit=NO_MEMORY_LIMIT,
             dashboard_address=":0",
             scheduler_port=port,
             # Shutdown races (a worker's last heartbeat to a closed scheduler) are not the

@@ -4,7 +4,7 @@ flow-run graph draws a trial as a chain and ASHA promotions extend it).
 
 A task is a thin record in Prefect: its work runs on a warm Dask worker (flows.workers),
 addressed by position, so a retry (max_restarts) continues from the trial's checkpoint with
-exactly equal results. Each task is tagged with its trial and MLflow run.
+exactly equal results. Each task's name carries its trial and MLflow run.
 """
 
 from __future__ import annotations
@@ -50,9 +50,11 @@ class TrialRef:
             release_after=release,
         )
 
-    @property
-    def tags(self) -> list[str]:
-        return [f"trial-{self.spec.trial_id}", f"mlflow-run:{self.mlflow_run_id}"]
+    def task_name(self, step: str) -> str:
+        """``step`` followed by the trial's MLflow run. Not Prefect tags: a tagged task takes
+        a concurrency-slot write on the Prefect server before it starts, which SQLite
+        refuses (503) when many trials write at once."""
+        return f"{step} (mlflow {self.mlflow_run_id})"
 
 
 @task(name="train", retry_delay_seconds=1, cache_policy=NO_CACHE)

@@ -65,6 +65,8 @@ def worker_service(
     argv = [
         sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
         "--name", name, "--nthreads", "1", "--nworkers", "1",
+        # No Dask memory limit: a worker past 80% of one is paused (see flows.engine).
+        "--memory-limit", "0",
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
         "--preload", "flows.workers",
     ]  # fmt: skip

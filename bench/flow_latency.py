@@ -133,7 +133,8 @@ def warm_step_overheads(trials: int = 4) -> list[float]:
         match = WORK.search(log.message)
         if match and log.task_run_id:
             work[log.task_run_id] = float(match.group(1))
-    named = {t.name: t for t in tasks}
+    # Names end with the trial's MLflow run, ` (mlflow <run id>)`: key them by the step alone.
+    named = {t.name.split(" (mlflow ")[0]: t for t in tasks}
     overheads = []
     for name, task in named.items():
         if not name.startswith("train "):

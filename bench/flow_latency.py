@@ -58,7 +58,7 @@ def _no_server_env(home: Path) -> dict[str, str]:
 
 def run_flow(config: Path, overrides: list[str]) -> tuple[float, str]:
     """`python -m flows.experiment CONFIG ...` with no servers configured: its wall seconds
-    and its stdout (the summary JSON is printed last); exits with its stderr if it fails."""
+    and its stdout (the summary JSON, nothing else); exits with its stderr if it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         done = subprocess.run(

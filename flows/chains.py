@@ -126,7 +126,7 @@ class TrialChains:
         worker = self.placement.claim(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
-            task_run_name=ref.task_name(f"train trial-{trial_id} [{start}→{self._label(stop)})"),
+            task_run_name=ref.task_name("train", f"[{start}→{self._label(stop)})"),
             retries=self.cfg.max_restarts,
         ).submit(
             ref,
@@ -145,20 +145,19 @@ class TrialChains:
         return str(length.value) if length.unit == "batches" else f"{length.value} {length.unit}"
 
     def _next(self, stage: _Stage, result: StepResult) -> _Stage | None:
-        trial_id, ref = stage.work.trial_id, stage.ref
+        ref, retries = stage.ref, self.cfg.max_restarts
         if result.invalid_hp is not None:
             return None
-        options: dict[str, Any] = {"retries": self.cfg.max_restarts}
         if stage.kind == "train":
-            name = ref.task_name(f"validate trial-{trial_id} @{result.position}")
-            future = validate.with_options(task_run_name=name, **options).submit(
+            name = ref.task_name("validate", f"@{result.position}")
+            future = validate.with_options(task_run_name=name, retries=retries).submit(
                 ref, after=stage.future
             )
             return _Stage(stage.work, ref, "validate", future)
         if stage.kind == "validate":
             release = final_segment(stage.work, self.cfg) or result.stop_requested
-            name = ref.task_name(f"checkpoint trial-{trial_id} @{result.position}")
-            future = checkpoint.with_options(task_run_name=name, **options).submit(
+            name = ref.task_name("checkpoint", f"@{result.position}")
+            future = checkpoint.with_options(task_run_name=name, retries=retries).submit(
                 ref, after=stage.future, release=release
             )
             return _Stage(stage.work, ref, "checkpoint", future, release)

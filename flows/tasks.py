@@ -50,11 +50,11 @@ class TrialRef:
             release_after=release,
         )
 
-    def task_name(self, step: str) -> str:
-        """``step`` followed by the trial's MLflow run. Not Prefect tags: a tagged task takes
-        a concurrency-slot write on the Prefect server before it starts, which SQLite
-        refuses (503) when many trials write at once."""
-        return f"{step} (mlflow {self.mlflow_run_id})"
+    def task_name(self, kind: str, where: str) -> str:
+        """``train trial-3 [0→500) (mlflow <run id>)``: the step, the trial and its MLflow run.
+        Not Prefect tags: a tagged task takes a concurrency-slot write on the Prefect server
+        before it starts, which SQLite refuses (503) when many trials write at once."""
+        return f"{kind} trial-{self.spec.trial_id} {where} (mlflow {self.mlflow_run_id})"
 
 
 @task(name="train", retry_delay_seconds=1, cache_policy=NO_CACHE)

@@ -28,9 +28,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
+import psutil
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
 from distributed.utils import get_mp_context
 
+from det_tasks.errors import ConfigError
 from flows.devices import gpu_count, gpu_groups
 from flows.workers import (
     PLUGIN_NAME,
@@ -49,6 +51,8 @@ __all__ = [
     "embedded_cluster",
     "release_everywhere",
     "submit_step",
+    "worker_memory_mb",
+    "workers_that_fit",
 ]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"
@@ -66,6 +70,7 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
             _register(client)
             yield client
         return
+    n_workers = workers_that_fit(n_workers)
     with embedded_cluster(n_workers, gpu_slots) as cluster, Client(cluster) as client:
         _wait_for_workers(client, n_workers)
         _register(client)
@@ -91,16 +96,70 @@ def _register(client: Client) -> None:
 def _warm_forkserver() -> None:
     """Worker processes fork from one server that has imported torch, the harness and the
     MLflow/S3 clients once: a worker (or its restart after a crash or recycling) starts
-    warm in well under a second instead of importing them itself."""
+    warm in well under a second instead of importing them itself; ``flows.forkserver_heap``
+    (last) freezes that heap so the workers keep sharing it."""
     ctx = get_mp_context()  # Dask sets its own forkserver preload list on first use
-    ctx.set_forkserver_preload(["__main__", "distributed", "flows.workers"])
+    ctx.set_forkserver_preload(
+        ["__main__", "distributed", "flows.workers", "flows.forkserver_heap"]
+    )
 
 
 # Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is
 # *paused*: it silently stops running tasks. Our workers hold trials (torch, a model, data
 # loaders) in process memory, not Dask data, so 32 workers on 23 GB (0.79 GB each, 0.68 GB
-# used) all paused and the experiment hung. The operating system's limits apply instead.
+# used) all paused and the experiment hung. Instead, workers_that_fit starts no more embedded
+# workers than the host's available memory holds.
 NO_MEMORY_LIMIT = 0
+
+
+WORKER_MEMORY_ENV = "DET_TASKS_WORKER_MEMORY_MB"
+# A warm CPU worker holding the MNIST example measured 0.40-0.45 GB (torch, the clients, the
+# trial); user models are bigger, so a user with one sets the variable.
+DEFAULT_WORKER_MEMORY_MB = 512
+_logger = logging.getLogger(__name__)
+
+
+def worker_memory_mb() -> int:
+    """``DET_TASKS_WORKER_MEMORY_MB``: the memory one embedded trial worker is counted at."""
+    raw = os.environ.get(WORKER_MEMORY_ENV, str(DEFAULT_WORKER_MEMORY_MB))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"{WORKER_MEMORY_ENV}={raw!r}: expected a positive whole number of megabytes "
+            f"(the memory one trial worker needs; default {DEFAULT_WORKER_MEMORY_MB})"
+        )
+    return value
+
+
+def workers_that_fit(n_workers: int) -> int:
+    """How many of ``n_workers`` embedded CPU trial workers this host's available memory
+    holds (``DET_TASKS_WORKER_MEMORY_MB`` each). Dask's own memory limit is off (see
+    NO_MEMORY_LIMIT), so this is the guard: more workers than RAM would have the operating
+    system kill some mid-trial. Trials beyond the workers wait for one, as Dask queues them.
+    GPU hosts are bounded by their GPUs instead."""
+    wanted = max(1, n_workers)
+    if gpu_count():
+        return wanted
+    per_worker_mb = worker_memory_mb()
+    available_mb = psutil.virtual_memory().available // 2**20
+    fit = max(1, available_mb // per_worker_mb)
+    if fit >= wanted:
+        return wanted
+    _logger.warning(
+        "%d trial workers at %d MB each would need %d MB; this host has %d MB available, so "
+        "%d workers start and the other trials wait for one (lower "
+        "searcher.max_concurrent_trials, or set %s to what one of your trials needs)",
+        wanted,
+        per_worker_mb,
+        wanted * per_worker_mb,
+        available_mb,
+        fit,
+        WORKER_MEMORY_ENV,
+    )
+    return fit
 
 
 @contextlib.contextmanager
@@ -157,6 +216,7 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     other start-up work (the no-server mode: Prefect's ephemeral server); yields its address
     at once and points ``DET_TASKS_DASK_SCHEDULER`` at it for the block (clients wait for
     the scheduler to come up)."""
+    n_workers = workers_that_fit(n_workers)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -34,6 +34,7 @@ from flows.engine import (
     background_cluster,
     dask_client,
     release_everywhere,
+    worker_memory_mb,
 )
 from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
         _, cfg = load_raw_config(Path(args[0]).resolve(), args[1:])
+        worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Background services with pid files, log files, health checks and clean process-group stops.
 
 Each service runs in its own session (process group) so stopping it also stops the
-children it spawned (MLflow's huey workers, SeaweedFS's sub-servers): nothing is orphaned.
+children it spawned (MLflow's uvicorn workers, SeaweedFS's sub-servers): nothing is orphaned.
 """
 
 from __future__ import annotations

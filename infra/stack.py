@@ -300,6 +300,9 @@ def mlflow_service(config: StackConfig) -> Service:
             "AWS_DEFAULT_REGION",
         )
     }
+    # MLflow 3 starts eight huey job consumers (GenAI judges, prompt optimisation) beside the
+    # server by default: 1.4 GB of RAM and startup time for features no trial uses.
+    server_env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
     if config.auth:
         server_env["MLFLOW_AUTH_CONFIG_PATH"] = str(_mlflow_auth_config(config))
         server_env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = service_auth(config)["flask_secret_key"]

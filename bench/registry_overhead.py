@@ -6,7 +6,7 @@
    boto3 multipart upload of the same file to the same endpoint, and how long the
    training thread is blocked (serialising the state + returning from publish).
 
-    python bench/registry_overhead.py            # starts the local stack if needed
+    python bench/registry_overhead.py   # starts the local stack if needed, stops it after
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from det_tasks import pytorch
 from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.sinks import InMemoryMetricsSink
 from det_tasks.storage import LocalDirectoryStore
-from infra.stack import up
+from infra.services import is_running
+from infra.stack import StackConfig, down, mlflow_service, up
 
 
 class ManyMetricsTrial(BenchTrial):
@@ -171,13 +172,21 @@ def main() -> None:
     parser.add_argument("--only", choices=["logging", "checkpoint"])
     args = parser.parse_args()
     torch.set_num_threads(1)
+    started_stack: StackConfig | None = None
     if "MLFLOW_TRACKING_URI" not in os.environ:
-        os.environ.update(up(prefect=False))
-    result: dict[str, Any] = {"machine": machine()}
-    if args.only in (None, "logging"):
-        result["logging"] = logging_overhead(args.steps, args.repeats)
-    if args.only in (None, "checkpoint"):
-        result["checkpoint"] = checkpoint_upload(args.checkpoint_mb)
+        config = StackConfig.from_env()
+        if not is_running(mlflow_service(config)):
+            started_stack = config  # ours to stop after; a stack `make up` started is kept
+        os.environ.update(up(config, prefect=False))
+    try:
+        result: dict[str, Any] = {"machine": machine()}
+        if args.only in (None, "logging"):
+            result["logging"] = logging_overhead(args.steps, args.repeats)
+        if args.only in (None, "checkpoint"):
+            result["checkpoint"] = checkpoint_upload(args.checkpoint_mb)
+    finally:
+        if started_stack is not None:
+            down(started_stack)
     print(json.dumps(result, indent=2))
 
 

@@ -167,6 +167,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
     """A cluster of ``n_workers`` single-threaded worker processes on this host, its
     scheduler on ``port`` (0: any free port); see the module docstring for GPU hosts."""
     logging.getLogger("distributed").setLevel(logging.WARNING)
+    # When a flow stops early, each nanny logs that it had to kill its busy worker: one
+    # line per worker (32 in a 32-trial experiment) that buried the error that stopped it.
+    logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
     settings = {
         # A lost worker fails its step at once (KilledWorker), so the flow's retry policy
         # (max_restarts) decides, rather than Dask silently re-running it elsewhere.

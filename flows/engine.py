@@ -150,7 +150,7 @@ def workers_that_fit(n_workers: int) -> int:
         return wanted
     _logger.warning(
         "%d trial workers at %d MB each would need %d MB; this host has %d MB available, so "
-        "%d workers start and the other trials wait for one (lower "
+        "%d of them start and the other trials wait for a free one (lower "
         "searcher.max_concurrent_trials, or set %s to what one of your trials needs)",
         wanted,
         per_worker_mb,

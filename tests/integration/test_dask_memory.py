@@ -19,6 +19,7 @@ from distributed import Client
 
 from flows.engine import (
     DEFAULT_WORKER_MEMORY_MB,
+    EXPECTED_WORKERS_ENV,
     WORKER_MEMORY_ENV,
     background_cluster,
     embedded_cluster,
@@ -70,7 +71,7 @@ def test_an_embedded_cluster_starts_only_the_workers_that_fit(
     monkeypatch.setenv(WORKER_MEMORY_ENV, str(psutil.virtual_memory().total // 2**20))
     with background_cluster(3) as address, Client(address, timeout=60) as client:
         # The flow's client waits for this many workers (not 3, which would never come).
-        assert os.environ["DET_TASKS_DASK_WAIT_WORKERS"] == "1"
+        assert os.environ[EXPECTED_WORKERS_ENV] == "1"
         client.wait_for_workers(1, timeout=120)
         assert len(client.scheduler_info(n_workers=-1)["workers"]) == 1
 

@@ -270,6 +270,9 @@ def _mlflow_auth_config(config: StackConfig) -> Path:
     return path
 
 
+MLFLOW_WORKER_HEALTHCHECK_S = 120
+
+
 def mlflow_service(config: StackConfig) -> Service:
     (config.root / "mlflow").mkdir(parents=True, exist_ok=True)
     env = env_for(config)
@@ -288,6 +291,13 @@ def mlflow_service(config: StackConfig) -> Service:
         env["DET_TASKS_MLFLOW_ARTIFACTS"],
         "--workers",
         "2",
+        # uvicorn's supervisor SIGKILLs a worker that does not answer its ping within 5 s and
+        # pings the replacement while it is still importing MLflow: on a 2-core host running
+        # 32 trials, the CI's PostgreSQL load test saw one worker killed mid-response
+        # (IncompleteRead in the flow) and then a restart loop every 6 s. Hung workers still
+        # get replaced, after 2 minutes.
+        "--uvicorn-opts",
+        f"--timeout-worker-healthcheck {MLFLOW_WORKER_HEALTHCHECK_S}",
     ]
     if config.auth:
         argv += ["--app-name", "basic-auth"]

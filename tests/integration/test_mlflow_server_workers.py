@@ -1,0 +1,39 @@
+"""The stack's MLflow server keeps a worker that is slow to answer uvicorn's health ping.
+
+uvicorn's supervisor kills a worker that does not answer within 5 s by default, and pings
+the replacement while it is still importing MLflow: under a 32-trial load on 2 cores that
+killed a worker mid-response and then restarted workers every 6 s (CI, stop 22)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from infra.services import http_ok
+from infra.stack import StackConfig, mlflow_service
+
+
+def uvicorn_workers(config: StackConfig) -> list[psutil.Process]:
+    server = psutil.Process(int(mlflow_service(config).pidfile.read_text()))
+    return [
+        p
+        for p in server.children(recursive=True)
+        if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())
+    ]
+
+
+def test_a_worker_silent_for_longer_than_uvicorns_default_healthcheck_is_kept(stack):
+    workers = uvicorn_workers(stack)
+    assert len(workers) == 2
+    silent = workers[0]
+    os.kill(silent.pid, signal.SIGSTOP)
+    try:
+        time.sleep(8)  # uvicorn's default: killed after 5 s without a pong
+    finally:
+        os.kill(silent.pid, signal.SIGCONT)
+    assert silent.is_running() and silent.status() != psutil.STATUS_ZOMBIE
+    assert sorted(p.pid for p in uvicorn_workers(stack)) == sorted(p.pid for p in workers)
+    assert http_ok(f"{stack.mlflow_uri}/health")

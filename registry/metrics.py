@@ -233,9 +233,13 @@ class MlflowMetricsSink:
         return True
 
     def _after_stored(self, metrics: list[Point]) -> list[Point]:
+        # Only this writer's points count (its timestamp residue): another rank's report of
+        # the same step is its own record, not a copy of this one.
         for key in {p[0] for p in metrics} - set(self._stored_max):
             history = self.client.get_metric_history(self.run_id, key)
-            self._stored_max[key] = max((m.step for m in history), default=-1)
+            self._stored_max[key] = max(
+                (m.step for m in history if m.timestamp % self._ranks == self._rank), default=-1
+            )
         return [p for p in metrics if p[3] > self._stored_max[p[0]]]
 
     def _not_yet_stored(self, metrics: list[Point]) -> list[Point]:

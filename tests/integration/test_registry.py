@@ -260,3 +260,39 @@ def test_metrics_sink_closes_once_and_promptly_after_every_point_arrived(stack, 
     assert time.monotonic() - started < 5.0
     history = client.get_metric_history(run.info.run_id, "training/loss")
     assert sorted(m.step for m in history) == list(range(1, 51))
+
+
+def test_two_ranks_reporting_the_same_steps_to_one_run_both_keep_every_report(stack, tmp_path):
+    """A batch job's ranks log to one MLflow run. A rank's sink skips steps already stored
+    (a retried attempt re-reports them), but only its own: rank 1 storing step 2 first must
+    not make rank 0 drop its step 2 (CI lost 8 of a job's 34 rows this way)."""
+    from registry.metrics import MlflowMetricsSink
+    from registry.tracking import client_for, ensure_experiment
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.create_run(ensure_experiment(client, "sink-two-ranks"))
+    first = MlflowMetricsSink(
+        client, run.info.run_id, spill_dir=tmp_path / "1", writer=(1, 2), close_timeout_s=60
+    )
+    for step in (0, 2, 4):
+        first.report_metrics("inference", step, {"rows": 8})
+    first.close()
+    second = MlflowMetricsSink(
+        client, run.info.run_id, spill_dir=tmp_path / "0", writer=(0, 2), close_timeout_s=60
+    )
+    for step in (0, 2, 4, 6):
+        second.report_metrics("inference", step, {"rows": 8})
+    second.close()
+    history = client.get_metric_history(run.info.run_id, "inference/rows")
+    assert sorted((m.timestamp % 2, m.step) for m in history) == [
+        (0, 0), (0, 2), (0, 4), (0, 6), (1, 0), (1, 2), (1, 4),
+    ]  # fmt: skip
+    # A retried rank 0 re-reporting its stored steps sends only what is new.
+    retried = MlflowMetricsSink(
+        client, run.info.run_id, spill_dir=tmp_path / "r", writer=(0, 2), close_timeout_s=60
+    )
+    for step in (4, 6, 8):
+        retried.report_metrics("inference", step, {"rows": 8})
+    retried.close()
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "inference/rows")]
+    assert sorted(steps) == [0, 0, 2, 2, 4, 4, 6, 8]

@@ -36,6 +36,7 @@ from distributed import Worker, WorkerPlugin, get_worker
 
 from det_tasks.errors import EXIT_INVALID_HP, InvalidHP
 from det_tasks.runner.held import HeldTrial, TrialSpec
+from det_tasks.runner.library_logs import quiet_library_loggers
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -136,6 +137,7 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
+        quiet_library_loggers()  # once per worker process, as det-tasks does per run
 
     def teardown(self, worker: Worker) -> None:
         self.release()

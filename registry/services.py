@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import os
 import shutil
 import sys
@@ -142,9 +141,6 @@ def start_system_metrics(settings: RegistrySettings, run_id: str) -> Any:
         return None
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    # Its INFO lines (started, stopping, terminated, "skip GPU metrics") repeat per trial: a
-    # 32-trial flow printed 96 of them. Warnings still show.
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     monitor = SystemMetricsMonitor(
         run_id,
         sampling_interval=settings.system_metrics_interval,

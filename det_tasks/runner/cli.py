@@ -16,6 +16,7 @@ from pathlib import Path
 
 from det_tasks import plugins
 from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
+from det_tasks.runner.library_logs import quiet_library_loggers
 
 __all__ = ["main"]
 
@@ -81,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # e.g. "Found credentials in environment variables", "Started monitoring system metrics"
-    for noisy in ("httpx", "botocore", "boto3", "mlflow.system_metrics"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_library_loggers()
     warnings.simplefilter("default", DeprecationWarning)
     try:
         if getattr(args, "func", None) is not None:

@@ -37,6 +37,8 @@ SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by flows.engine
 
 BUCKET = "det-tasks"
 ARTIFACTS_PREFIX = "mlflow-artifacts"
+# Seconds an MLflow server worker may leave uvicorn's health ping unanswered (default 5).
+MLFLOW_WORKER_HEALTHCHECK_S = 120
 
 
 def _port(name: str, default: int) -> int:
@@ -268,9 +270,6 @@ def _mlflow_auth_config(config: StackConfig) -> Path:
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
     return path
-
-
-MLFLOW_WORKER_HEALTHCHECK_S = 120
 
 
 def mlflow_service(config: StackConfig) -> Service:

@@ -18,11 +18,8 @@ from infra.stack import StackConfig, mlflow_service
 
 def uvicorn_workers(config: StackConfig) -> list[psutil.Process]:
     server = psutil.Process(int(mlflow_service(config).pidfile.read_text()))
-    return [
-        p
-        for p in server.children(recursive=True)
-        if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    commands = {p: " ".join(p.cmdline()) for p in server.children(recursive=True)}
+    return [p for p, c in commands.items() if "spawn_main" in c and "resource_tracker" not in c]
 
 
 def test_a_worker_silent_for_longer_than_uvicorns_default_healthcheck_is_kept(stack):

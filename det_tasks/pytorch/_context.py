@@ -167,6 +167,12 @@ class PyTorchTrialContext(TrainerAPIMixin):
     def hparams(self) -> dict[str, Any]:
         return self._settings.hparams
 
+    @property
+    def _aggregation_frequency(self) -> int:
+        """``optimizations.aggregation_frequency`` under Determined's private name, which its
+        own fixtures (the one-variable AMP trials) read to size their data."""
+        return self._settings.aggregation_frequency
+
     def get_hparams(self) -> dict[str, Any]:
         return dict(self._settings.hparams)
 

@@ -5,7 +5,9 @@ for ``context.load_checkpoint_trial(trial_id=...)``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -23,10 +25,61 @@ from registry.tracking import EXPERIMENT_RUN_TAG, TRIAL_TAG, client_for
 
 __all__ = [
     "ExperimentView",
+    "TrialBest",
     "TrialView",
+    "best_point",
     "describe_experiment_run",
     "resolve_trial_checkpoint",
+    "trial_best",
 ]
+
+
+def best_point(
+    points: Iterable[tuple[int, float]], smaller_is_better: bool
+) -> tuple[int, float] | None:
+    """The best (step, value) of a trial's validations: the searcher's ordering, ties to the
+    earlier step, non-finite values never best (the rule ``det.best.*`` on the parent uses)."""
+    sign = 1.0 if smaller_is_better else -1.0
+    finite = [(step, value) for step, value in points if math.isfinite(value)]
+    if not finite:
+        return None
+    return min(finite, key=lambda p: (sign * p[1], p[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialBest:
+    """A trial's best validation (value, and the batch it was reached at) and its best
+    checkpoint: every validation counts, not only the one at the end of a segment."""
+
+    value: float | None
+    step: int | None
+    checkpoint: str | None
+
+
+def trial_best(
+    client: MlflowClient,
+    run_id: str,
+    metric: str,
+    smaller_is_better: bool,
+    records: list[dict[str, Any]] | None = None,
+) -> TrialBest:
+    """The trial run's best ``validation/<metric>`` over its whole history, and its best
+    checkpoint by the same ordering (the latest one when none carries the metric). A run
+    with no such history (e.g. imported checkpoints only) falls back to its records."""
+    if records is None:
+        records = checkpoint_records(client, run_id)
+    history = client.get_metric_history(run_id, f"validation/{metric}")
+    point = best_point(((m.step, m.value) for m in history), smaller_is_better)
+    ranked = rank_by_metric(records, metric, smaller_is_better)
+    checkpoint = ranked[0]["uri"] if ranked else (records[-1]["uri"] if records else None)
+    value = validation_value(ranked[0], metric) if ranked else None
+    if point is None and value is not None:
+        point = (int(ranked[0].get("steps_completed", 0)), value)
+    return TrialBest(
+        value=point[1] if point else None,
+        step=point[0] if point else None,
+        checkpoint=None if checkpoint is None else str(checkpoint),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +88,9 @@ class TrialView:
     run_id: str
     state: str
     batches: int
-    metric: float | None
+    metric: float | None  # the best validation value, at batch best_step
     checkpoint: str | None
+    best_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,21 +108,19 @@ class ExperimentView:
         if not scored:
             return None
         sign = 1.0 if self.smaller_is_better else -1.0
-        return min(scored, key=lambda t: sign * float(t.metric))  # type: ignore[arg-type]
+        return min(
+            scored,
+            key=lambda t: (sign * float(t.metric), t.best_step or 0, _trial_order(t.trial_id)),  # type: ignore[arg-type]
+        )
 
 
-def _best_record(
-    records: list[dict[str, Any]], metric: str, smaller: bool
-) -> tuple[float | None, str | None]:
-    ranked = rank_by_metric(records, metric, smaller)
-    if not ranked:
-        return None, records[-1]["uri"] if records else None
-    return validation_value(ranked[0], metric), ranked[0]["uri"]
+def _trial_order(trial_id: str) -> tuple[int, str]:
+    return (int(trial_id), "") if trial_id.isdigit() else (1 << 62, trial_id)
 
 
 def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> TrialView:
     records = checkpoint_records(client, run.info.run_id)
-    value, uri = _best_record(records, metric, smaller)
+    best = trial_best(client, run.info.run_id, metric, smaller, records)
     batches = run.data.metrics.get("batches", 0)
     if records:
         batches = max(batches, max(int(r.get("steps_completed", 0)) for r in records))
@@ -77,8 +129,9 @@ def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> T
         run_id=run.info.run_id,
         state=run.info.status,
         batches=int(batches),
-        metric=value,
-        checkpoint=uri,
+        metric=best.value,
+        checkpoint=best.checkpoint,
+        best_step=best.step,
     )
 
 

@@ -152,7 +152,15 @@ def read_state(path: Path, torch_load_kwargs: dict[str, Any] | None = None) -> d
 
 def write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        json.dump(data, f, indent=2, sort_keys=True, default=_json_value)
+
+
+def _json_value(value: Any) -> Any:
+    """numpy and torch numbers as the Python numbers they hold (NaN and infinity are
+    written as JSON's NaN/Infinity and read back as floats); anything else as its str."""
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, torch tensors
+        return value.tolist()
+    return str(value)
 
 
 def read_json(path: Path) -> Any:

@@ -66,13 +66,19 @@ class _FunctionReducer(MetricReducer):
 
 
 def to_python(value: Any) -> Any:
-    """Tensors and numpy values become plain Python numbers or lists (JSON-friendly)."""
+    """Tensors and numpy values become plain Python numbers or lists, inside lists, tuples
+    and dicts too, so a metric survives a JSON round trip (checkpoint metadata) as the
+    same float, NaN and infinity included, rather than as its ``str()``."""
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
         return value.item() if value.size == 1 else value.tolist()
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, list | tuple):
+        return [to_python(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_python(v) for k, v in value.items()}
     return value
 
 

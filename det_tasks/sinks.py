@@ -46,6 +46,7 @@ class InMemoryMetricsSink:
         self.validation: list[tuple[int, dict[str, Any]]] = []
         self.checkpoints: list[ReportedCheckpoint] = []
         self.profiling: list[tuple[int, dict[str, float]]] = []
+        self.groups: list[tuple[str, int, dict[str, Any]]] = []
 
     def report_training(self, steps_completed: int, metrics: dict[str, Any]) -> None:
         self.training.append((steps_completed, dict(metrics)))
@@ -58,6 +59,11 @@ class InMemoryMetricsSink:
 
     def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
         self.profiling.append((steps_completed, dict(timings_ms)))
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Optional on sinks: metrics of another group than training/validation (the
+        platform's own counters, kept out of the user's metrics)."""
+        self.groups.append((group, steps_completed, dict(metrics)))
 
     def close(self) -> None:
         """Nothing is buffered."""
@@ -84,6 +90,13 @@ class MultiSink:
     def report_profiling(self, steps_completed: int, timings_ms: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.report_profiling(steps_completed, timings_ms)
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Optional on sinks: a group of metrics other than training/validation."""
+        for sink in self.sinks:
+            report = getattr(sink, "report_metrics", None)
+            if report is not None:
+                report(group, steps_completed, metrics)
 
     def report_progress(self, steps_completed: int, epochs: float) -> None:
         """Optional on sinks: batches and epochs trained, at each training report."""

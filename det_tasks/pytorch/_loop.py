@@ -31,7 +31,7 @@ from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
 from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._metrics import TrainingMetricsBuffer, average_across_ranks, check_metrics
-from det_tasks.pytorch._nonfinite import METRIC as NONFINITE_METRIC
+from det_tasks.pytorch._nonfinite import report_count as report_nonfinite
 from det_tasks.pytorch._profiler import PhaseTimer, ProfilerSettings
 from det_tasks.pytorch._restore import load_state, open_checkpoint, overridden
 from det_tasks.pytorch._tensorboard import metric_event_writer
@@ -326,8 +326,6 @@ class TrialController:
             avg = average_across_ranks(self.dist.allgather(avg))
         if self.dist.size > 1 and ctx._nonfinite.policy == "warn":
             nonfinite = sum(self.dist.allgather(nonfinite))
-        if nonfinite:
-            avg[NONFINITE_METRIC] = nonfinite
         avg.update(ctx.experimental.reduce_metrics(for_training=True))
         for name, value in avg.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -338,6 +336,7 @@ class TrialController:
             cb.on_training_workload_end(avg, batch_metrics)
         if self.dist.is_chief:
             self.sink.report_training(self.batches_trained, avg)
+            report_nonfinite(self.sink, self.batches_trained, nonfinite)
             if self._events is not None:
                 self._events.training(self.batches_trained, avg, batch_metrics)
             progress = getattr(self.sink, "report_progress", None)

@@ -3,9 +3,11 @@
 ``optimizations.nonfinite_loss`` (a det_tasks extension of Determined's config):
 
 - ``warn`` (default, Determined's behaviour): training goes on. The first such batch is
-  named in a warning, and every report counts the window's non-finite batches in the
-  training metric ``nonfinite_loss_batches`` (present only when non-zero). The check is
-  deferred to the reporting boundary, so the training step never waits for the device.
+  named in a warning, and a report whose window had any counts them in the platform's own
+  metric ``det_tasks/nonfinite_loss_batches`` (``report_metrics`` of the sink, so MLflow
+  shows it beside the training metrics). It never joins the training metrics the user's
+  code sees (callbacks, the Trainer's results): Determined reports no such key. The check
+  is deferred to the reporting boundary, so the training step never waits for the device.
 - ``error``: the trial stops with an error naming the first such batch. On CPU that is the
   batch itself; on a GPU the check is deferred to the next reporting, validation or
   checkpoint boundary (a per-step host sync would stall the launch pipeline), still before
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 
 from det_tasks.errors import ConfigError, TrialError
 
-__all__ = ["METRIC", "POLICIES", "NonFiniteGuard"]
+__all__ = ["GROUP", "METRIC", "POLICIES", "NonFiniteGuard", "report_count"]
 
 POLICIES = ("warn", "error", "skip")
+GROUP = "det_tasks"  # the platform's metric group: its keys read det_tasks/<name>
 METRIC = "nonfinite_loss_batches"
 log = logging.getLogger(__name__)
 
@@ -103,9 +107,9 @@ class NonFiniteGuard:
             self._warned = True
             log.warning(
                 "training loss is NaN or infinite at batch %d; training goes on, as in "
-                "Determined. Non-finite batches are counted in the training metric %r. Set "
+                "Determined. Non-finite batches are counted in the metric %r. Set "
                 "optimizations.nonfinite_loss: error to stop, or skip to drop such batches",
-                first, METRIC,
+                first, f"{GROUP}/{METRIC}",
             )  # fmt: skip
         return count
 
@@ -117,6 +121,15 @@ class NonFiniteGuard:
             "gradients (step_optimizer(clip_grads=...)), check the data, or set "
             "optimizations.nonfinite_loss: skip"
         )
+
+
+def report_count(sink: Any, steps_completed: int, count: int) -> None:
+    """The window's count of non-finite batches, when there were any, as the platform's
+    metric: through the sink's optional ``report_metrics``, apart from the training
+    metrics (a sink without it has the warning only)."""
+    report = getattr(sink, "report_metrics", None)
+    if count and report is not None:
+        report(GROUP, steps_completed, {METRIC: count})
 
 
 def _finite_now(loss: torch.Tensor) -> bool:

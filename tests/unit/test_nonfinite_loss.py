@@ -61,9 +61,16 @@ def test_default_trains_on_warns_once_and_counts_the_batches(tmp_path, caplog):
         expected.append(w)
     assert trial.weights[:4] == pytest.approx(expected, abs=1e-6)
     assert len(trial.weights) == 10 and all(w != w for w in trial.weights[4:])  # NaN
-    # Reports every 2 batches (the checkpoint period): batches 4..9 are non-finite.
-    counts = [(step, m.get("nonfinite_loss_batches")) for step, m in sink.training]
-    assert counts == [(2, None), (4, None), (6, 2), (8, 2), (10, 2)]
+    # Reports every 2 batches (the checkpoint period): batches 4..9 are non-finite. The
+    # count is the platform's own metric, reported when non-zero, never a training metric.
+    counts = [(group, step, m) for group, step, m in sink.groups]
+    assert counts == [
+        ("det_tasks", 6, {"nonfinite_loss_batches": 2}),
+        ("det_tasks", 8, {"nonfinite_loss_batches": 2}),
+        ("det_tasks", 10, {"nonfinite_loss_batches": 2}),
+    ]
+    assert [step for step, _ in sink.training] == [2, 4, 6, 8, 10]
+    assert all(set(m) == {"loss"} for _, m in sink.training)
     warnings = [r for r in caplog.records if "NaN or infinite" in r.getMessage()]
     assert len(warnings) == 1 and "at batch 4" in warnings[0].getMessage()
 
@@ -116,3 +123,34 @@ def test_bad_policy_and_skip_with_workers_are_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="not supported with 2 workers"):
         NonFiniteGuard("skip", torch.device("cpu"), 2)
+
+
+def test_callbacks_and_other_sinks_see_only_the_users_keys(tmp_path):
+    """Determined hands on_training_workload_end the user's metrics and nothing else; the
+    count reaches every sink of a MultiSink that takes other groups, under its own group."""
+    from det_tasks.sinks import MultiSink
+
+    class Keys(pytorch.PyTorchCallback):
+        def __init__(self) -> None:
+            self.seen: list[set[str]] = []
+
+        def on_training_workload_end(self, avg_metrics, batch_metrics) -> None:
+            self.seen.append(set(avg_metrics) | {k for m in batch_metrics for k in m})
+
+    class Watched(PoisonedTrial):
+        def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+            self.keys = Keys()
+            return {"keys": self.keys}
+
+    first, second = InMemoryMetricsSink(), InMemoryMetricsSink()
+    ctx = pytorch.init(
+        hparams={"learning_rate": 0.1, "global_batch_size": 4},
+        metrics_sink=MultiSink(first, second),
+        checkpoint_store=LocalDirectoryStore(tmp_path),
+    )
+    trial = Watched(ctx)
+    pytorch.Trainer(trial, ctx).fit(max_length=pytorch.Batch(6), reporting_period=pytorch.Batch(3))
+    assert trial.keys.seen == [{"loss"}, {"loss"}]
+    for sink in (first, second):
+        assert [set(m) for _, m in sink.training] == [{"loss"}, {"loss"}]
+        assert sink.groups == [("det_tasks", 6, {"nonfinite_loss_batches": 2})]

@@ -12,12 +12,26 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from det_tasks.errors import ConfigError, DetTasksError
 
-__all__ = ["register"]
+__all__ = [
+    "EXPERIMENT_DEPLOYMENT",
+    "JOB_DEPLOYMENT",
+    "cmd_experiment_create",
+    "cmd_experiment_describe",
+    "cmd_experiment_list",
+    "cmd_job_run",
+    "experiment_runs",
+    "find_flow_run",
+    "print_logs",
+    "print_trials",
+    "register",
+    "submit_options",
+]
 
 EXPERIMENT_DEPLOYMENT = "experiment/submitted"
 JOB_DEPLOYMENT = "batch-inference/submitted"
@@ -37,7 +51,7 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="config override, e.g. hyperparameters.learning_rate=0.5",
     )
-    _submit_options(create, EXPERIMENT_DEPLOYMENT)
+    submit_options(create, EXPERIMENT_DEPLOYMENT)
     create.set_defaults(func=cmd_experiment_create)
     listing = exp_sub.add_parser("list", help="recent experiment runs, newest first")
     listing.add_argument("--limit", type=int, default=20)
@@ -51,11 +65,11 @@ def register(sub: Any) -> None:
     run = job_sub.add_parser("run", help="validate, ship MODEL_DIR and start batch inference")
     run.add_argument("config", type=Path)
     run.add_argument("model_dir", type=Path)
-    _submit_options(run, JOB_DEPLOYMENT)
+    submit_options(run, JOB_DEPLOYMENT)
     run.set_defaults(func=cmd_job_run)
 
 
-def _submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
+def submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
     parser.add_argument(
         "--follow",
         "-f",
@@ -104,7 +118,8 @@ def _ui_url(flow_run_id: Any) -> str:
     return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}"
 
 
-def cmd_experiment_create(args: argparse.Namespace) -> int:
+def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
+    """``shown_id`` prints the flow-run id (``det`` shows its 8-character short form)."""
     from det_tasks.runner.local import load_raw_config
     from registry.settings import RegistrySettings
     from registry.tracking import client_for, ensure_experiment, mlflow_link
@@ -121,14 +136,14 @@ def cmd_experiment_create(args: argparse.Namespace) -> int:
             "package": package,
         },
     )
-    print(f"Created experiment {flow_run.id}")
+    print(f"Created experiment {shown_id(flow_run.id)}")
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
     settings = RegistrySettings.from_env()
     if settings.tracking_uri:
         name = cfg.name or args.config.stem
         exp_id = ensure_experiment(client_for(settings.tracking_uri), name, cfg.description)
         print(f"  MLflow experiment: {mlflow_link(settings.tracking_uri, exp_id)}")
-    return _follow(flow_run.id) if args.follow else 0
+    return print_logs(flow_run.id) if args.follow else 0
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:
@@ -143,13 +158,14 @@ def cmd_job_run(args: argparse.Namespace) -> int:
     flow_run = _start(args.deployment, parameters)
     print(f"Created job {flow_run.id}")
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
-    return _follow(flow_run.id) if args.follow else 0
+    return print_logs(flow_run.id) if args.follow else 0
 
 
-def _follow(flow_run_id: Any) -> int:
-    """Print the run's logs as they arrive; 0 when it completes, 1 otherwise."""
+def print_logs(flow_run_id: Any, follow: bool = True, task_name_contains: str | None = None) -> int:
+    """Print the run's logs (with ``task_name_contains``, only those of its task runs whose
+    name contains it: one trial's); with ``follow``, as they arrive until the run ends, then 0
+    when it completed and 1 otherwise (without: the logs so far, then 0)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
     seen = 0
@@ -159,21 +175,47 @@ def _follow(flow_run_id: Any) -> int:
             run = client.read_flow_run(flow_run_id)
             state = run.state.type.value if run.state else "PENDING"
             logs = client.read_logs(
-                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                _log_filter(client, flow_run_id, task_name_contains),
                 offset=seen,
                 sort=LogSort.TIMESTAMP_ASC,
             )
             for log in logs:
                 print(f"{log.timestamp:%H:%M:%S} {log.message}")
             seen += len(logs)
+            if not follow and not logs:
+                return 0
             if state in FINAL_STATES and not logs:
                 break
-            time.sleep(1.0)
+            if follow:
+                time.sleep(1.0)
     print(f"Flow run {flow_run_id} finished: {state}")
     return 0 if state == "COMPLETED" else 1
 
 
-def _flow_runs(limit: int) -> list[Any]:
+def _log_filter(client: Any, flow_run_id: Any, task_name_contains: str | None) -> Any:
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+        LogFilterTaskRunId,
+        TaskRunFilter,
+        TaskRunFilterName,
+    )
+
+    by_run = LogFilterFlowRunId(any_=[flow_run_id])
+    if task_name_contains is None:
+        return LogFilter(flow_run_id=by_run)
+    tasks = client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+        task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=task_name_contains)),
+    )
+    ids = [t.id for t in tasks if task_name_contains in t.name]
+    return LogFilter(flow_run_id=by_run, task_run_id=LogFilterTaskRunId(any_=ids))
+
+
+def experiment_runs(limit: int) -> list[Any]:
+    """The newest ``limit`` flow runs of the experiment flow, newest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
@@ -188,18 +230,18 @@ def _flow_runs(limit: int) -> list[Any]:
         )
 
 
-def cmd_experiment_list(args: argparse.Namespace) -> int:
+def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     from registry.cli import _client, _table
     from registry.experiment_view import describe_experiment_run
 
     client = _client()
     rows = []
-    for run in _flow_runs(args.limit):
+    for run in experiment_runs(args.limit):
         view = describe_experiment_run(client, str(run.id))
         best = view.best if view else None
         rows.append(
             [
-                str(run.id),
+                shown_id(run.id),
                 view.name if view else run.parameters.get("config", ""),
                 run.state.type.value if run.state else "",
                 f"{run.start_time:%Y-%m-%d %H:%M}" if run.start_time else "",
@@ -213,14 +255,14 @@ def cmd_experiment_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_experiment_describe(args: argparse.Namespace) -> int:
-    from registry.cli import _client, _table
+def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
+    from registry.cli import _client
     from registry.experiment_view import describe_experiment_run
 
-    run = _find_flow_run(args.id)
+    run = find_flow_run(args.id)
     view = describe_experiment_run(_client(), str(run.id))
     state = run.state.type.value if run.state else "PENDING"
-    print(f"experiment run {run.id}: {state}")
+    print(f"experiment run {shown_id(run.id)}: {state}")
     print(f"  Prefect flow run: {_ui_url(run.id)}")
     if view is None:
         print("  no MLflow runs yet")
@@ -230,6 +272,17 @@ def cmd_experiment_describe(args: argparse.Namespace) -> int:
         f"{view.parent_run_id}; searcher metric {view.metric!r} "
         f"({'smaller' if view.smaller_is_better else 'larger'} is better)"
     )
+    print_trials(view)
+    best = view.best
+    if best is not None:
+        print(f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g}, {best.checkpoint}")
+    return 0
+
+
+def print_trials(view: Any) -> None:
+    """One row per trial of an ``ExperimentView``: run, state, batches, best metric."""
+    from registry.cli import _table
+
     rows = [
         [
             t.trial_id,
@@ -245,13 +298,10 @@ def cmd_experiment_describe(args: argparse.Namespace) -> int:
         rows,
         ["trial", "mlflow run", "state", "batches", view.metric or "metric", "best checkpoint"],
     )
-    best = view.best
-    if best is not None:
-        print(f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g}, {best.checkpoint}")
-    return 0
 
 
-def _find_flow_run(ident: str) -> Any:
+def find_flow_run(ident: str) -> Any:
+    """The experiment flow run named by its id or a unique prefix of 8+ characters."""
     import uuid
 
     from prefect.client.orchestration import get_client
@@ -272,7 +322,7 @@ def _find_flow_run(ident: str) -> Any:
     if len(ident) < 8:
         raise ConfigError(f"experiment id {ident!r} is too short: give 8+ characters")
     try:
-        runs = _flow_runs(200)
+        runs = experiment_runs(200)
     except Exception as err:
         raise _server_error(ident, err) from err
     matches = [r for r in runs if str(r.id).startswith(ident)]
@@ -280,6 +330,9 @@ def _find_flow_run(ident: str) -> Any:
         found = "no" if not matches else f"{len(matches)}"
         raise DetTasksError(f"{found} experiment runs match {ident!r}: give more characters")
     return matches[0]
+
+
+_find_flow_run = find_flow_run  # the name the surfaced-errors test imports
 
 
 def _server_error(ident: str, err: Exception) -> DetTasksError:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from det_tasks import plugins
-from det_tasks.errors import CheckpointError
+from det_tasks.errors import CheckpointError, DetTasksError
 
 __all__ = ["open_checkpoint_uri", "register_resolver", "scheme_of"]
 
@@ -60,5 +60,11 @@ def open_checkpoint_uri(reference: str) -> Iterator[Path]:
             "here can resolve: use a local directory, or install the platform extra "
             "(pip install '.[platform]') for s3://, models:/ and runs:/ references"
         )
-    with resolver(reference) as path:
+    with contextlib.ExitStack() as opened:
+        try:
+            path = opened.enter_context(resolver(reference))
+        except DetTasksError as err:
+            # The resolver explained the mistake; its own frames are not the user's code,
+            # so the CLI must not point at them as the place to fix.
+            raise err.with_traceback(None) from None
         yield path

@@ -17,17 +17,29 @@ from typing import Any
 
 from det_tasks.checkpoint_format import METADATA_FILE, verify
 from det_tasks.errors import CheckpointError
+from registry.containment import ensure_contained
 from registry.s3 import Location, download_prefix, read_object
 
 __all__ = ["fetch_checkpoint"]
 
 
-def fetch_checkpoint(s3: Any, location: Location, cache_dir: Path) -> Path:
-    """A verified local copy of the checkpoint stored under ``location``."""
+def fetch_checkpoint(
+    s3: Any, location: Location, cache_dir: Path, reference: str | None = None
+) -> Path:
+    """A verified local copy of the checkpoint stored under ``location``.
+
+    Every remote checkpoint read (download, resume, batch inference,
+    ``load_trial_from_checkpoint_path``) comes through here, so this is where a location that
+    left its run's artifacts or its bucket prefix is refused, before anything is read or made.
+    ``reference`` is what the user wrote, named in errors (the location's own text if None).
+    """
+    shown = reference if reference is not None else location.given
+    ensure_contained(location, shown)
     metadata = read_object(s3, location, METADATA_FILE)
     if metadata is None:
         raise CheckpointError(
-            f"{location.uri} holds no complete checkpoint ({METADATA_FILE} is missing: "
+            f"{shown} holds no complete checkpoint ({METADATA_FILE} is missing at "
+            f"{location.uri}: "
             "it was never written, is still uploading, or was deleted)"
         )
     key = hashlib.sha256(metadata).hexdigest()
@@ -39,7 +51,7 @@ def fetch_checkpoint(s3: Any, location: Location, cache_dir: Path) -> Path:
     try:
         download_prefix(s3, location, tmp)
         if hashlib.sha256((tmp / METADATA_FILE).read_bytes()).hexdigest() != key:
-            raise CheckpointError(f"{location.uri} changed while it was being downloaded")
+            raise CheckpointError(f"{shown} changed while it was being downloaded")
         verify(tmp)
         try:
             os.rename(tmp, target)

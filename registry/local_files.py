@@ -10,22 +10,54 @@ import tempfile
 from pathlib import Path
 
 from det_tasks.errors import CheckpointError
+from registry.containment import Boundary
 
 __all__ = ["FileLocation"]
 
 
 class FileLocation:
-    """``file:///abs/path``: a directory whose files are the objects under a prefix."""
+    """``file:///abs/path``: a directory whose files are the objects under a prefix; it and
+    every symbolic link in it must stay under ``root`` (the filesystem unless bounded)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser().resolve()
+    def __init__(
+        self,
+        path: str | Path,
+        root: str | Path = "/",
+        boundary: Boundary | None = None,
+        given: str | None = None,
+    ) -> None:
+        self.given = given if given is not None else str(path)
+        self.path = Path(path).expanduser().resolve()  # resolves ".." and symbolic links
+        self.root = Path(root).expanduser().resolve()
+        self.boundary = boundary or Boundary(
+            "the filesystem", "file:///", "file:///abs/path/to/checkpoint"
+        )
 
     @property
     def uri(self) -> str:
         return self.path.as_uri()
 
     def child(self, relative: str) -> FileLocation:
-        return FileLocation(self.path / relative)
+        """``relative`` below this directory (an absolute ``relative`` replaces it)."""
+        given = f"{self.given.rstrip('/')}/{relative}"
+        return FileLocation(self.path / relative, self.root, self.boundary, given)
+
+    def bounded(self, boundary: Boundary) -> FileLocation:
+        """This location as the boundary of everything derived from it."""
+        return FileLocation(self.path, self.path, boundary, self.given)
+
+    def escape(self) -> str | None:
+        if not self.path.is_relative_to(self.root):
+            return f"it resolves to {self.path}"
+        for link in _links_under(self.path):
+            name = link.relative_to(self.path).as_posix()
+            try:
+                target = link.resolve()
+            except (OSError, RuntimeError):  # a loop
+                return f"{name} in it is a symbolic link that resolves nowhere"
+            if not target.is_relative_to(self.root):
+                return f"{name} in it is a symbolic link to {target}"
+        return None
 
     # The object-store operations, for registry.s3's functions to delegate to.
 
@@ -90,3 +122,11 @@ class FileLocation:
         count = len(self.files())
         shutil.rmtree(self.path, ignore_errors=True)
         return count
+
+
+def _links_under(directory: Path) -> list[Path]:
+    """Every symbolic link below ``directory``, without following any."""
+    links: list[Path] = []
+    for parent, dirs, files in os.walk(directory, followlinks=False):
+        links.extend(Path(parent, name) for name in (*dirs, *files))
+    return [p for p in links if p.is_symlink()]

@@ -7,6 +7,7 @@ artifact root in the no-server embedded mode) and then works on the filesystem."
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -18,11 +19,13 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from det_tasks.errors import CheckpointError
+from registry.containment import Boundary, fully_decoded, key_within, normalised_key
 from registry.local_files import FileLocation
 
 __all__ = [
     "FileLocation",
     "Location",
+    "RUN_ARTIFACTS_EXAMPLE",
     "S3Location",
     "artifact_location",
     "client",
@@ -47,9 +50,28 @@ TRANSFER = TransferConfig(
 
 
 class S3Location:
-    def __init__(self, bucket: str, prefix: str) -> None:
+    """The objects under ``prefix`` in ``bucket``, which must stay under ``root`` there.
+
+    ``prefix`` is kept normalised (``a/b/../c`` is ``a/c``); ``given`` is the text it came
+    from, for messages."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        root: str = "",
+        boundary: Boundary | None = None,
+        given: str | None = None,
+    ) -> None:
         self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.given = given if given is not None else f"s3://{bucket}/{prefix.lstrip('/')}"
+        self.prefix = normalised_key(prefix)
+        self.root = normalised_key(root)
+        self.boundary = boundary or Boundary(
+            f"the bucket {bucket!r}", f"s3://{bucket}", f"s3://{bucket}/<prefix>/<checkpoint>"
+        )
+        # Judged decoded too: a gateway or filer that decodes keys would see %2e%2e as "..".
+        self._decoded_prefix = normalised_key(fully_decoded(prefix))
 
     @property
     def uri(self) -> str:
@@ -59,19 +81,36 @@ class S3Location:
         return f"{self.prefix}/{relative}" if self.prefix else relative
 
     def child(self, relative: str) -> S3Location:
-        return S3Location(self.bucket, self.key(relative.strip("/")))
+        """``relative`` below this prefix; an absolute one (``/x``) counts from the bucket."""
+        prefix = relative if relative.startswith("/") else self.key(relative.strip("/"))
+        given = f"{self.given.rstrip('/')}/{relative}"
+        return S3Location(self.bucket, prefix, self.root, self.boundary, given)
+
+    def bounded(self, boundary: Boundary) -> S3Location:
+        """This location as the boundary of everything derived from it."""
+        return S3Location(self.bucket, self.prefix, self.prefix, boundary, self.given)
+
+    def escape(self) -> str | None:
+        for key in (self.prefix, self._decoded_prefix):
+            if not key_within(key, self.root):
+                return f"it normalises to s3://{self.bucket}/{key}"
+        return None
 
 
 Location = S3Location | FileLocation
 
 
+RUN_ARTIFACTS_EXAMPLE = "runs:/<run_id>/checkpoints/<uuid>"
+
+
 def parse_location(uri: str) -> Location:
-    """``s3://bucket/prefix`` or ``file:///abs/path``."""
+    """``s3://bucket/prefix`` or ``file:///abs/path`` (percent-encoding decoded, as in any
+    file URI)."""
     if uri.startswith("file:"):
         path = uri.removeprefix("file://") if uri.startswith("file://") else uri[5:]
         if not path.startswith("/"):
             raise CheckpointError(f"{uri!r} is not an absolute file:// URI (file:///abs/path)")
-        return FileLocation(path)
+        return FileLocation(urllib.parse.unquote(path), given=uri)
     return parse_s3_uri(uri)
 
 
@@ -81,7 +120,13 @@ def artifact_location(artifact_uri: str, artifacts_destination: str | None, what
     With a proxying MLflow server the artifact URI is ``mlflow-artifacts:/<path>``; its bytes
     are at ``<artifacts destination>/<path>``, which boto3 writes directly (FACTS: proxied
     uploads are ~6x slower) while the MLflow UI still lists them among the run's artifacts.
+    The location is the boundary of every path derived from it (``ensure_contained``).
     """
+    base = _artifact_base(artifact_uri, artifacts_destination, what)
+    return base.bounded(Boundary("the run's artifact root", base.uri, RUN_ARTIFACTS_EXAMPLE))
+
+
+def _artifact_base(artifact_uri: str, artifacts_destination: str | None, what: str) -> Location:
     if artifact_uri.startswith(("s3://", "file:")):
         return parse_location(artifact_uri)
     if artifact_uri.startswith("/"):
@@ -106,7 +151,7 @@ def parse_s3_uri(uri: str) -> S3Location:
     bucket, _, prefix = uri[5:].partition("/")
     if not bucket:
         raise CheckpointError(f"{uri!r} names no bucket")
-    return S3Location(bucket, prefix)
+    return S3Location(bucket, prefix, given=uri)
 
 
 def client(endpoint_url: str | None = None) -> Any:

@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from det_tasks.errors import CheckpointError
 from registry import s3 as s3_lib
 from registry.cache import fetch_checkpoint
+from registry.containment import Boundary, fully_decoded
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
 
@@ -35,9 +36,10 @@ def _settings() -> RegistrySettings:
 
 
 def checkpoint_location(uri: str) -> s3_lib.Location:
-    """Where the bytes behind any supported URI live."""
+    """Where the bytes behind any supported URI live, bounded by what the URI names: a run's
+    artifact root (runs:/, models:/), the configured prefix it starts in, or its bucket."""
     if uri.startswith(("s3://", "file:")):
-        return s3_lib.parse_location(uri)
+        return _bounded_by_settings(uri) or s3_lib.parse_location(uri)
     if uri.startswith("runs:/"):
         return _runs_location(uri)
     if uri.startswith("models:/"):
@@ -72,11 +74,33 @@ def _probe(tracking_uri: str) -> None:
         ) from None
 
 
+def _bounded_by_settings(uri: str) -> s3_lib.Location | None:
+    """``uri`` as a location bounded by the configured prefix (DET_TASKS_MLFLOW_ARTIFACTS,
+    DET_TASKS_ARTIFACT_ROOT) it is written under, or None when it is under neither."""
+    settings = _settings()
+    configured = [("DET_TASKS_MLFLOW_ARTIFACTS", settings.artifacts_destination)]
+    if settings.artifact_root:
+        configured.append(("DET_TASKS_ARTIFACT_ROOT", Path(settings.artifact_root).as_uri()))
+    for name, prefix in configured:
+        if not prefix:
+            continue
+        head = prefix.rstrip("/") + "/"
+        written = uri if uri.startswith(head) else fully_decoded(uri)
+        if written.startswith(head):
+            root = s3_lib.parse_location(prefix.rstrip("/"))
+            edge = Boundary(
+                f"the configured prefix {name}", root.uri, f"{head}<path to the checkpoint>"
+            )
+            return root.bounded(edge).child(written[len(head) :])
+    return None
+
+
 def _runs_location(uri: str) -> s3_lib.Location:
     rest = uri[len("runs:/") :].lstrip("/")
-    run_id, _, path = rest.partition("/")
-    if not run_id or not path:
-        raise CheckpointError(f"{uri!r} is not of the form runs:/<run_id>/<path>")
+    run_id, _, raw_path = rest.partition("/")
+    path = fully_decoded(raw_path).rstrip("/")  # decoded first: %2e%2e is ".."
+    if not run_id or not path.strip("/"):
+        raise CheckpointError(f"{uri!r} is not of the form {s3_lib.RUN_ARTIFACTS_EXAMPLE}")
     client = _client()
     try:
         artifact_uri = client.get_run(run_id).info.artifact_uri
@@ -91,7 +115,7 @@ def _runs_location(uri: str) -> s3_lib.Location:
             " is the server up?"
         ) from None
     base = s3_lib.artifact_location(artifact_uri, _settings().artifacts_destination, repr(uri))
-    return base.child(path.strip("/"))
+    return base.child(path)  # a path starting with "/" is absolute, and leaves the run's root
 
 
 def models_uri_source(uri: str) -> str:
@@ -119,7 +143,8 @@ def models_uri_source(uri: str) -> str:
 
 def _fetch(uri: str) -> Path:
     location = checkpoint_location(uri)
-    return fetch_checkpoint(s3_lib.client(_settings().s3_endpoint), location, _settings().cache_dir)
+    client = s3_lib.client(_settings().s3_endpoint)
+    return fetch_checkpoint(client, location, _settings().cache_dir, reference=uri)
 
 
 @contextlib.contextmanager

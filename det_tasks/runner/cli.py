@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import importlib.metadata
 import json
 import logging
 import signal
@@ -165,14 +166,17 @@ def _user_code_location(err: BaseException) -> str | None:
     """``file:line`` of the innermost frame of the user's code in the error's traceback
     (not this package, not an installed library), or None."""
     ours = Path(__file__).resolve().parents[1]
+    platform = _platform_packages()
     libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     found = None
     tb = err.__traceback__
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         path = Path(name).resolve() if not name.startswith("<") else None
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
         if (
             path is not None
+            and module.partition(".")[0] not in platform
             and not path.is_relative_to(ours)
             and not any(path.is_relative_to(lib) for lib in libraries)
         ):
@@ -180,6 +184,17 @@ def _user_code_location(err: BaseException) -> str | None:
             found = f"{shown}:{tb.tb_lineno}"
         tb = tb.tb_next
     return found
+
+
+def _platform_packages() -> set[str]:
+    """det_tasks and the packages plugged into it through its entry points (registry,
+    flows): their frames are the platform's, never the user's code to point at."""
+    names = {"det_tasks"}
+    for dist in importlib.metadata.distributions():
+        for entry in dist.entry_points:
+            if entry.group.startswith("det_tasks."):
+                names.add(entry.module.partition(".")[0])
+    return names
 
 
 def _report_invalid_hp(args: argparse.Namespace, err: InvalidHP) -> int:

@@ -4,6 +4,7 @@ previous one, instead of failing every retry of the trial on the same bad bytes.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -11,6 +12,7 @@ from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._restore import open_checkpoint
 from det_tasks.storage import CheckpointStore
+from det_tasks.uris import scheme_of
 
 __all__ = ["choose_resume_checkpoint"]
 
@@ -21,13 +23,16 @@ def choose_resume_checkpoint(
     """The first of ``candidates`` (newest first) whose files match their checksums."""
     if candidates is None:
         return None
-    if isinstance(candidates, str):
-        return candidates  # one checkpoint asked for by name: the loader's error stands
-    if len(candidates) <= 1:
-        return candidates[0] if candidates else None
+    references = [candidates] if isinstance(candidates, str) else list(candidates)
+    if len(references) <= 1:
+        # One checkpoint asked for: past a missing path, the loader's error stands.
+        for reference in references:
+            _refuse_missing_path(reference)
+        return references[0] if references else None
     problems = []
-    for reference in candidates:
+    for reference in references:
         try:
+            _refuse_missing_path(reference)
             with open_checkpoint(store, reference) as path:
                 ckpt.verify(path)
                 ckpt.find_state_file(path)
@@ -40,3 +45,16 @@ def choose_resume_checkpoint(
             continue
         return reference
     raise CheckpointError("no intact checkpoint to resume from:\n  " + "\n  ".join(problems))
+
+
+def _refuse_missing_path(reference: str) -> None:
+    """A reference written as a path (``./x``, ``../x``, ``/x``, ``~/x``, ``a/b``) names a
+    directory, never a uuid in the store: if it is not there, say so in the user's words
+    rather than looking it up as a uuid under the store's root."""
+    if scheme_of(reference) is not None or os.path.exists(os.path.expanduser(reference)):
+        return
+    if reference.startswith((".", "~")) or "/" in reference or os.sep in reference:
+        raise CheckpointError(
+            f"checkpoint path {reference!r} does not exist: give an existing checkpoint "
+            "directory, a checkpoint uuid, or a runs:/, models:/ or s3:// URI"
+        )

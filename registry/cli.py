@@ -14,7 +14,22 @@ from det_tasks.errors import DetTasksError
 
 # The command functions import MLflow/boto3 lazily: `det-tasks run` should not pay for them.
 
-__all__ = ["register"]
+__all__ = [
+    "create_model",
+    "delete_experiment_runs",
+    "experiment_key_of_trial_run",
+    "experiment_labels",
+    "experiment_parent",
+    "print_checkpoints",
+    "print_models",
+    "ranked_checkpoints",
+    "register",
+    "register_checkpoint_version",
+    "set_experiment_description",
+    "set_experiment_label",
+    "set_experiment_name",
+    "trial_hparams",
+]
 
 
 def _client() -> Any:
@@ -53,7 +68,6 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     """Every checkpoint of the latest experiment run, best searcher metric first (those
     without a validation of it last, newest first)."""
     from registry import models as models_lib
-    from registry.checkpoints import checkpoint_records, rank_by_metric
 
     if args.experiment == "import":
         return cmd_import(args)
@@ -63,11 +77,22 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             "checkpoints use `checkpoints import DIR|s3://... --experiment NAME`"
         )
     client = _client()
-    parent = models_lib._parent_run(client, args.experiment)
+    print_checkpoints(client, models_lib._parent_run(client, args.experiment))
+    return 0
+
+
+def ranked_checkpoints(
+    client: Any, parent: Any
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """An experiment run's checkpoint records, each with its ``trial``: (searcher metric,
+    those validated with it best first, the rest newest first)."""
+    from registry import models as models_lib
+    from registry.checkpoints import checkpoint_records, rank_by_metric
+
     metric = parent.data.tags.get("det.searcher.metric", "")
     smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
     records = [
-        {**record, "trial": run.info.run_name}
+        {**record, "trial": run.info.run_name, "run_id": run.info.run_id}
         for run in models_lib.trial_runs(client, parent)
         for record in checkpoint_records(client, run.info.run_id)
     ]
@@ -77,17 +102,26 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         (r for r in records if id(r) not in scored),
         key=lambda r: -int(r.get("steps_completed", 0)),
     )
+    return metric, ranked, rest
+
+
+def print_checkpoints(client: Any, parent: Any, best: int | None = None) -> int:
+    """Table of the experiment run's checkpoints, best first; with ``best``, only the best N
+    validated ones (Determined's ``list-checkpoints --best N``). Returns the rows printed."""
+    metric, ranked, rest = ranked_checkpoints(client, parent)
+    shown = ranked[:best] if best is not None else [*ranked, *rest]
     rows = [
         [
             r["trial"],
             r["steps_completed"],
             (r.get("validation_metrics") or {}).get(metric),
+            r.get("uuid"),
             r["uri"],
         ]
-        for r in [*ranked, *rest]
+        for r in shown
     ]
-    _table(rows, ["trial", "batches", metric or "metric", "uri"])
-    return 0
+    _table(rows, ["trial", "batches", metric or "metric", "uuid", "uri"])
+    return len(rows)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -173,16 +207,88 @@ def cmd_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    client = _client()
+    print_models(_client())
+    return 0
+
+
+def print_models(client: Any, name: str | None = None) -> None:
+    """Registered models (or the one named), their versions, aliases and sources."""
+    from mlflow.exceptions import MlflowException
+
+    if name is not None:
+        try:
+            models = [client.get_registered_model(name)]
+        except MlflowException:
+            raise DetTasksError(
+                f"no registered model named {name!r} (`det model list` lists them)"
+            ) from None
+    else:
+        models = list(client.search_registered_models())
     rows = []
-    for model in client.search_registered_models():
+    for model in models:
         aliases = {v: k for k, v in (model.aliases or {}).items()}
         for version in client.search_model_versions(f"name = '{model.name}'"):
             rows.append(
                 [model.name, version.version, aliases.get(version.version, ""), version.source]
             )
     _table(rows, ["name", "version", "alias", "source"])
-    return 0
+
+
+def create_model(client: Any, name: str, description: str | None) -> None:
+    """A new, empty registered model; one that exists already is an error."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=description)
+        return
+    raise DetTasksError(f"a model named {name!r} exists already (`det model describe {name}`)")
+
+
+def register_checkpoint_version(client: Any, name: str, checkpoint_uuid: str) -> str:
+    """Register the checkpoint with this uuid as a new version of ``name``; its version."""
+    from registry import models as models_lib
+    from registry.checkpoints import checkpoint_records, resolve_checkpoint_uuid, validation_value
+
+    uri = resolve_checkpoint_uuid(checkpoint_uuid)
+    run_id = uri.split("/")[1]
+    record = next(r for r in checkpoint_records(client, run_id) if r["uuid"] == checkpoint_uuid)
+    parent_id = client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+    metric = client.get_run(parent_id).data.tags.get("det.searcher.metric", "") if parent_id else ""
+    value = validation_value(record, metric) if metric else None
+    best = models_lib.BestCheckpoint(
+        run_id,
+        checkpoint_uuid,
+        uri,
+        metric,
+        float("nan") if value is None else value,
+        int(record.get("steps_completed", 0)),
+    )
+    return models_lib.register_checkpoint(client, name, best)
+
+
+def experiment_key_of_trial_run(client: Any, run_id: str) -> str:
+    """The experiment key (flow-run id) of the experiment run a trial's MLflow run is in."""
+    from mlflow.exceptions import MlflowException
+
+    from registry.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise DetTasksError(f"MLflow has no run {run_id!r}") from None
+    parent_id = run.data.tags.get(PARENT_TAG)
+    key = client.get_run(parent_id).data.tags.get(EXPERIMENT_RUN_TAG) if parent_id else None
+    if not key:
+        raise DetTasksError(f"MLflow run {run_id!r} is not a trial of an experiment run")
+    return str(key)
+
+
+def trial_hparams(client: Any, run_id: str) -> dict[str, str]:
+    """The trial's hyperparameters, as its MLflow run records them (``hp.*`` params)."""
+    params = client.get_run(run_id).data.params
+    return {k[len("hp.") :]: v for k, v in params.items() if k.startswith("hp.")}
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -200,6 +306,76 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"protected by registered models {len(result.protected)}"
     )
     return 0
+
+
+# An experiment as ``det`` names it is one experiment run: its MLflow parent run (tagged
+# with the flow-run id) and the trial runs under it. These edit that run, not the MLflow
+# experiment, which the runs of every config of the same name share.
+
+LABEL_TAG = "det.label."
+
+
+def experiment_parent(client: Any, run_key: str) -> Any:
+    """The MLflow parent run of the experiment run ``run_key`` (its flow-run id)."""
+    from registry.experiment_view import describe_experiment_run
+
+    view = describe_experiment_run(client, run_key)
+    if view is None:
+        raise DetTasksError(f"experiment {run_key} has no MLflow run yet; try again once it starts")
+    return client.get_run(view.parent_run_id)
+
+
+def set_experiment_description(client: Any, run_key: str, description: str) -> None:
+    """The description the MLflow UI shows on the run's page (its note)."""
+    from registry.tracking import DESCRIPTION_TAG
+
+    client.set_tag(experiment_parent(client, run_key).info.run_id, DESCRIPTION_TAG, description)
+
+
+def set_experiment_name(client: Any, run_key: str, name: str) -> None:
+    """The parent run's name (the MLflow experiment keeps its config name)."""
+    if not name.strip():
+        raise DetTasksError("the new name is empty: give a name")
+    client.update_run(experiment_parent(client, run_key).info.run_id, name=name)
+
+
+def experiment_labels(parent: Any) -> list[str]:
+    return sorted(k[len(LABEL_TAG) :] for k in parent.data.tags if k.startswith(LABEL_TAG))
+
+
+def set_experiment_label(client: Any, run_key: str, label: str, present: bool) -> list[str]:
+    """Add (``present``) or remove one label; returns the labels after."""
+    import re
+
+    if not re.fullmatch(r"[\w.\- /]{1,200}", label):
+        raise DetTasksError(
+            f"label {label!r} has characters MLflow tags refuse: use letters, digits, "
+            "_ - . / and spaces"
+        )
+    parent = experiment_parent(client, run_key)
+    if present:
+        client.set_tag(parent.info.run_id, LABEL_TAG + label, "")
+    elif LABEL_TAG + label in parent.data.tags:
+        client.delete_tag(parent.info.run_id, LABEL_TAG + label)
+    else:
+        raise DetTasksError(
+            f"experiment {run_key} has no label {label!r} (labels: "
+            f"{', '.join(experiment_labels(parent)) or 'none'})"
+        )
+    return experiment_labels(client.get_run(parent.info.run_id))
+
+
+def delete_experiment_runs(client: Any, run_key: str) -> int:
+    """Delete the parent run and its trial runs (MLflow's soft delete: restorable until an
+    ``mlflow gc``); returns how many runs. Checkpoint bytes stay on S3, where registered
+    model versions may still use them."""
+    from registry import models as models_lib
+
+    parent = experiment_parent(client, run_key)
+    runs = [*models_lib.trial_runs(client, parent), parent]
+    for run in runs:
+        client.delete_run(run.info.run_id)
+    return len(runs)
 
 
 def register(sub: Any) -> None:

@@ -14,7 +14,13 @@ from typing import Any
 
 from det_tasks.errors import TrialError
 
-__all__ = ["PyTorchCallback", "adapt_legacy_signatures"]
+__all__ = [
+    "LegacyHookCaller",
+    "PyTorchCallback",
+    "adapt_legacy_signatures",
+    "overridden",
+    "user_callback",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,25 +109,59 @@ _HOOK_ARITY = {
 }
 
 
-def adapt_legacy_signatures(callbacks: dict[str, PyTorchCallback]) -> None:
+def adapt_legacy_signatures(callbacks: dict[str, PyTorchCallback]) -> dict[str, Any]:
     """Let hooks written for older Determined take fewer arguments, as Determined does.
 
     ``on_training_epoch_start(self)`` (before 0.17.8 it had no ``epoch_idx``) and the like
     are called with the leading arguments they accept; a hook that needs more arguments
-    than the harness passes is an error naming it.
+    than the harness passes is an error naming it. The user's objects are left untouched:
+    a callback with such hooks is returned behind a ``LegacyHookCaller`` that adapts the
+    calls, every other one as it is.
     """
+    adapted: dict[str, Any] = {}
     for name, cb in callbacks.items():
+        accepted: dict[str, int] = {}
         for hook, arity in _HOOK_ARITY.items():
             if getattr(type(cb), hook) is getattr(PyTorchCallback, hook):
                 continue
-            accepted = _positional_count(getattr(cb, hook), f"callback {name!r}: {hook}", arity)
-            if accepted < arity:
+            count = _positional_count(getattr(cb, hook), f"callback {name!r}: {hook}", arity)
+            if count < arity:
                 log.warning(
                     "callback %r: %s takes %d of its %d arguments (an older Determined "
                     "signature); it is called with the first %d. Add the missing parameters",
-                    name, hook, accepted, arity, accepted,
+                    name, hook, count, arity, count,
                 )  # fmt: skip
-                setattr(cb, hook, _truncating(getattr(cb, hook), accepted))
+                accepted[hook] = count
+        adapted[name] = LegacyHookCaller(cb, accepted) if accepted else cb
+    return adapted
+
+
+class LegacyHookCaller:
+    """The harness's handle on a callback with older hook signatures: each such hook is
+    called with the leading arguments it accepts; anything else is the callback's own."""
+
+    def __init__(self, callback: PyTorchCallback, accepted: dict[str, int]) -> None:
+        self.user_callback = callback
+        self._accepted = accepted
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.user_callback, name)
+        count = self._accepted.get(name)
+        if count is None:
+            return attribute
+        return functools.partial(_call_with_leading, attribute, count)
+
+
+def user_callback(callback: Any) -> PyTorchCallback:
+    """The user's own callback object behind the harness's handle on it."""
+    if isinstance(callback, LegacyHookCaller):
+        return callback.user_callback
+    return callback  # type: ignore[no-any-return]
+
+
+def overridden(callback: Any, name: str) -> bool:
+    """Whether the callback's class defines ``name`` itself (not PyTorchCallback's no-op)."""
+    return getattr(type(user_callback(callback)), name) is not getattr(PyTorchCallback, name)
 
 
 def _positional_count(method: Any, where: str, arity: int) -> int:
@@ -141,9 +181,5 @@ def _positional_count(method: Any, where: str, arity: int) -> int:
     return min(len(positional), arity)
 
 
-def _truncating(method: Any, accepted: int) -> Any:
-    @functools.wraps(method)
-    def call(*args: Any) -> Any:
-        return method(*args[:accepted])
-
-    return call
+def _call_with_leading(method: Any, count: int, *args: Any) -> Any:
+    return method(*args[:count])

@@ -509,8 +509,7 @@ def _check_callbacks(callbacks: Any) -> dict[str, PyTorchCallback]:
             "build_callbacks() must return a dict of names to PyTorchCallback instances, "
             f"got {callbacks!r}"
         )
-    adapt_legacy_signatures(callbacks)
-    return callbacks
+    return adapt_legacy_signatures(callbacks)
 
 
 def _check_loader(loader: Any, which: str, ctx: PyTorchTrialContext) -> Any:

@@ -15,7 +15,7 @@ import torch
 
 from det_tasks import checkpoint_format as ckpt
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._callback import PyTorchCallback
+from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.storage import CheckpointStore
 from det_tasks.uris import open_checkpoint_uri, scheme_of
@@ -106,8 +106,3 @@ def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
             f"the checkpoint's model weights do not fit {type(target).__name__}: "
             f"{str(err).splitlines()[0]}; were hyperparameters that shape the model changed?"
         ) from None
-
-
-def overridden(cb: PyTorchCallback, name: str) -> bool:
-    """Whether the callback's class defines ``name`` itself (not PyTorchCallback's no-op)."""
-    return getattr(type(cb), name) is not getattr(PyTorchCallback, name)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from det_tasks.errors import TrialError
-from det_tasks.pytorch._callback import PyTorchCallback
+from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch._feeder import iterate_batches
@@ -47,7 +47,7 @@ def validate(
     try:
         with torch.no_grad():
             for cb in callbacks.values():
-                if _overridden(cb, "on_validation_step_start"):
+                if overridden(cb, "on_validation_step_start"):
                     cb.on_validation_step_start()
                 cb.on_validation_start()
             if by_batch:
@@ -56,7 +56,7 @@ def validate(
                 metrics = _full_dataset(trial, context, loader)
             metrics.update(context.experimental.reduce_metrics(for_training=False))
             for cb in callbacks.values():
-                if _overridden(cb, "on_validation_step_end"):
+                if overridden(cb, "on_validation_step_end"):
                     cb.on_validation_step_end(metrics)
                 cb.on_validation_end(metrics)
     finally:
@@ -126,7 +126,3 @@ def _full_dataset(trial: Any, context: PyTorchTrialContext, loader: Any) -> dict
             )
         metrics = {k: to_python(v) for k, v in result.items()}
     return dict(dist.broadcast(metrics))
-
-
-def _overridden(cb: PyTorchCallback, name: str) -> bool:
-    return getattr(type(cb), name) is not getattr(PyTorchCallback, name)

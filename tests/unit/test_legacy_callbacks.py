@@ -75,3 +75,40 @@ def test_older_hook_signatures_are_called_with_what_they_accept(tmp_path, caplog
 def test_a_hook_needing_more_arguments_than_passed_is_named(tmp_path):
     with pytest.raises(TrialError, match="'cb': on_validation_end requires 2 arguments"):
         run(tmp_path, NeedsTooMuch())
+
+
+def test_the_users_callback_object_is_left_untouched(tmp_path):
+    """Determined adapts the call in its dispatch; the instance keeps only its own state
+    (no per-hook wrapper written into its __dict__), for every legacy hook."""
+    cb = OldStyleCallback()
+    before = type(cb).__dict__.copy()
+    run(tmp_path, cb)
+    assert set(vars(cb)) == {"calls"}
+    assert type(cb).__dict__ == before
+    for hook in ("on_trial_startup", "on_training_epoch_start", "on_validation_end"):
+        assert getattr(cb, hook).__func__ is getattr(OldStyleCallback, hook)
+
+
+def test_a_legacy_callback_keeps_its_checkpointed_state(tmp_path):
+    """Behind the harness's handle, state_dict/load_state_dict are still the callback's."""
+
+    class Counter(PyTorchCallback):
+        def __init__(self) -> None:
+            self.epochs = 0
+
+        def on_training_epoch_start(self):  # type: ignore[override]
+            self.epochs += 1
+
+        def state_dict(self):
+            return {"epochs": self.epochs}
+
+        def load_state_dict(self, state_dict):
+            self.epochs = state_dict["epochs"]
+
+    first = Counter()
+    run(tmp_path, first)
+    assert first.epochs == 2 and set(vars(first)) == {"epochs"}
+    from det_tasks.checkpoint_format import read_state
+
+    (checkpoint,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert read_state(checkpoint)["callbacks"] == {"cb": {"epochs": 2}}

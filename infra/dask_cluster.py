@@ -9,6 +9,7 @@ on another machine: give it that machine's working directory and environment.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -16,7 +17,13 @@ from pathlib import Path
 
 from infra.services import Service
 
-__all__ = ["scheduler_address", "scheduler_service", "worker_service", "worker_services"]
+__all__ = [
+    "registered_workers",
+    "scheduler_address",
+    "scheduler_service",
+    "worker_service",
+    "worker_services",
+]
 
 
 def scheduler_address(port: int, host: str = "127.0.0.1") -> str:
@@ -70,12 +77,11 @@ def worker_service(
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
         "--preload", "flows.workers",
     ]  # fmt: skip
-    log = root / "logs" / f"{name}.log"
-    before = _registrations(log)  # the log is appended to across restarts
     return Service(
         name,
         argv,
-        lambda: _registrations(log) > before,
+        # Up means what the flows need: the scheduler lists a worker of this name.
+        lambda: name in registered_workers(scheduler),
         root,
         env={
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
@@ -94,8 +100,21 @@ def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Ser
     return [worker_service(root, scheduler, f"dask-worker-{i}", env=env) for i in range(count)]
 
 
-def _registrations(log: Path) -> int:
-    return log.read_text(errors="replace").count("Registered to:") if log.exists() else 0
+def registered_workers(scheduler: str, timeout_s: float = 3.0) -> set[str]:
+    """Names of the workers the scheduler at ``scheduler`` lists now (none when it cannot
+    be reached): asked of the scheduler itself, so a status or a start-up wait sees what
+    flows would see."""
+    from distributed.core import rpc
+
+    async def ask() -> set[str]:
+        async with rpc(scheduler, timeout=timeout_s) as remote:
+            identity = await remote.identity()
+        return {str(w.get("name")) for w in identity.get("workers", {}).values()}
+
+    try:
+        return asyncio.run(asyncio.wait_for(ask(), timeout_s))
+    except (OSError, TimeoutError):
+        return set()
 
 
 def _mkdir(path: Path) -> Path:

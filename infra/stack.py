@@ -31,7 +31,7 @@ from infra.services import (
     stop,
 )
 
-__all__ = ["StackConfig", "down", "env_for", "main", "up"]
+__all__ = ["StackConfig", "down", "env_for", "main", "service_states", "up"]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by flows.engine
 
@@ -367,6 +367,9 @@ def prefect_server_service(config: StackConfig) -> Service:
     )
     env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
     env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
+    # The UI's own address for the API: Prefect builds it from its default port (4200),
+    # not from --port, so on any other port the UI could not reach its server.
+    env["PREFECT_SERVER_UI_API_URL"] = config.prefect_api
     if config.auth:
         env["PREFECT_SERVER_API_AUTH_STRING"] = env["PREFECT_API_AUTH_STRING"]
     argv = [
@@ -507,6 +510,21 @@ def down(config: StackConfig | None = None) -> None:
         stop(postgres.postgres_service(config.root, config.postgres_port))
 
 
+def service_states(config: StackConfig) -> list[tuple[Service, str]]:
+    """Each of the stack's services with "up" (its process runs and its health check
+    passes) or "down": what ``status`` prints."""
+    services = [
+        seaweed_service(config),
+        mlflow_service(config),
+        *_dask_services(config),
+        prefect_server_service(config),
+        prefect_worker_service(config),
+    ]
+    if config.postgres_port:
+        services.insert(0, postgres.postgres_service(config.root, config.postgres_port))
+    return [(s, "up" if is_running(s) and s.healthy() else "down") for s in services]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status", "env", "deploy"])
@@ -534,15 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env":
             print("".join(f"export {k}={v}\n" for k, v in env_for(config).items()), end="")
             return 0
-        for service in (
-            seaweed_service(config),
-            mlflow_service(config),
-            *_dask_services(config),
-            prefect_server_service(config),
-            prefect_worker_service(config),
-        ):
-            state = "up" if is_running(service) and service.healthy() else "down"
-            print(f"{service.name:10s} {state:5s} log: {service.logfile}")
+        for service, state in service_states(config):
+            print(f"{service.name:16s} {state:5s} log: {service.logfile}")
         return 0
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)

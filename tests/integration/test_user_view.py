@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import FLOW_MODEL, run_xor_trial
+from tests.integration.prefect_artifacts import trials_table_and_progress
 
 QUICK = [
     "--param",
@@ -71,6 +72,36 @@ def plotly_traces(html: str) -> list[dict]:
     _, end = decoder.raw_decode(call, call.index('"', start))  # the div id
     traces, _ = decoder.raw_decode(call, call.index("[", end))
     return list(traces)
+
+
+def publish_trials_table(name: str, trials: dict) -> tuple[object, dict | None]:
+    """A flow run that keeps the trials table of these (finished) trial runs as the
+    experiment flow does: published as each trial runs and ends, and once at the end.
+    Each trial is given only its last validation, as a flow sees a one-segment trial."""
+    from prefect import flow
+    from prefect.runtime import flow_run
+
+    from flows.trial_table import TrialTable
+    from registry.tracking import client_for
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+
+    @flow(name="trials-table")
+    def keep_table() -> tuple[object, dict | None]:
+        table = TrialTable(name, "validation_loss", True, str, total_trials=len(trials))
+        for trial_id, run in sorted(trials.items()):
+            hparams = {k[3:]: float(v) for k, v in run.data.params.items() if k.startswith("hp.")}
+            table.add(int(trial_id), hparams, run.info.run_id)
+            table.set_state(int(trial_id), "RUNNING")
+            table.publish()
+            (last,) = client.get_metric_history(run.info.run_id, "validation/validation_loss")[-1:]
+            table.segment_done(int(trial_id), last.step, last.value, None)
+            table.set_state(int(trial_id), "COMPLETED")
+            table.publish()
+        table.publish()
+        return flow_run.get_id(), table.best()
+
+    return keep_table()
 
 
 def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(stack, tmp_path):
@@ -143,6 +174,26 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
     ]
     best_record = min(records, key=lambda r: r["validation_metrics"]["validation_loss"])
     assert tags["det.best.checkpoint"] == best_record["uri"]
+
+    # `det-tasks experiment describe` and the flow's trials table name the same winner.
+    from flows.trial_table import significant
+    from registry.experiment_view import describe_experiment_run
+
+    view = describe_experiment_run(client, key)
+    assert view is not None and view.best is not None
+    assert (view.best.trial_id, view.best.metric, view.best.best_step) == (winner, value, step)
+    assert view.best.checkpoint == tags["det.best.checkpoint"]
+    flow_run_id, summary = publish_trials_table(name, trials)
+    rows, progress = trials_table_and_progress(flow_run_id)
+    assert progress == 100.0
+    assert sorted(r["trial"] for r in rows) == [1, 2]
+    top = rows[0]
+    assert str(top["trial"]) == winner and top["best at batch"] == step
+    assert top["best validation_loss"] == significant(value)
+    assert top["best checkpoint"] == tags["det.best.checkpoint"]
+    assert {r["learning_rate"] for r in rows} == {0.02, 0.5}
+    assert summary is not None
+    assert (str(summary["trial_id"]), summary["metric"], summary["step"]) == (winner, value, step)
 
     # System metrics on the trial runs (MLflow's sampler, every 0.3 s here).
     for trial in trials.values():

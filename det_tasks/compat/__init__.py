@@ -3,6 +3,10 @@
 ``install()`` registers the ``determined`` package names in ``sys.modules`` unless the
 real Determined is importable (then it is left alone). Submodules we do not provide fail
 with an ImportError that says so, instead of a confusing AttributeError later.
+
+This package sits above ``det_tasks.pytorch`` (it builds ``determined.pytorch`` from it) and
+nothing there imports it: a caller that loads checkpoints whose code imports
+``determined`` uses ``load_trial_from_checkpoint_path`` from here, which installs first.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-import types
+from pathlib import Path
 from typing import Any
 
-__all__ = ["install", "is_installed"]
+from det_tasks.pytorch import _load
+
+__all__ = ["install", "is_installed", "load_trial_from_checkpoint_path"]
 
 _PREFIX = "determined"
 
@@ -63,10 +69,22 @@ def install() -> bool:
     return True
 
 
-def _module(name: str, doc: str, **attrs: Any) -> types.ModuleType:
-    module = types.ModuleType(name, doc)
-    module.__dict__.update(attrs)
-    module.__det_tasks_compat__ = True  # type: ignore[attr-defined]
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    module.__path__ = []  # type: ignore[attr-defined]
-    return module
+def load_trial_from_checkpoint_path(
+    path: str | Path,
+    trial_class: type | None = None,
+    trial_kwargs: dict[str, Any] | None = None,
+    torch_load_kwargs: dict[str, Any] | None = None,
+    hparams: dict[str, Any] | None = None,
+    trust_code: bool = False,
+) -> Any:
+    """``det_tasks.pytorch.load_trial_from_checkpoint_path`` for checkpoints whose code
+    imports ``determined``: the alias is installed before that code is imported."""
+    return _load.load_trial_from_checkpoint_path(
+        path,
+        trial_class=trial_class,
+        trial_kwargs=trial_kwargs,
+        torch_load_kwargs=torch_load_kwargs,
+        hparams=hparams,
+        trust_code=trust_code,
+        prepare_imports=install,
+    )

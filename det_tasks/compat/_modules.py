@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import types
 from typing import Any
 
 from det_tasks import launch, pytorch
-from det_tasks.compat import _module, _names
+from det_tasks.compat import _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
 from det_tasks.pytorch import experimental, samplers
@@ -98,3 +99,12 @@ def build() -> dict[str, types.ModuleType]:
         "determined.tensorboard.metric_writers": writers,
         "determined.tensorboard.metric_writers.pytorch": writers_pytorch,
     }
+
+
+def _module(name: str, doc: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name, doc)
+    module.__dict__.update(attrs)
+    module.__det_tasks_compat__ = True  # type: ignore[attr-defined]
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    module.__path__ = []  # type: ignore[attr-defined]
+    return module

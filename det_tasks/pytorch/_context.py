@@ -137,8 +137,15 @@ class PyTorchTrialContext(TrainerAPIMixin):
         *,
         metrics_sink: MetricsSink | None = None,
         checkpoint_store: CheckpointStore | None = None,
+        trainer: Callable[[Any, Any], Any] | None = None,
+        checkpoint_loader: Callable[..., Any] | None = None,
     ) -> None:
+        """``trainer`` (the Trainer class) and ``checkpoint_loader`` serve the Trainer API's
+        ``context.train`` and ``context.load_checkpoint_trial``; init() passes them, so this
+        module needs neither the loop nor the loader (they import it)."""
         self._settings = settings
+        self._trainer = trainer
+        self._checkpoint_loader = checkpoint_loader
         self.distributed = distributed or DistributedContext()
         self.device = _pick_device(settings.device, self.distributed.local_rank)
         self.models: list[torch.nn.Module] = []

@@ -10,7 +10,8 @@ import contextlib
 import dataclasses
 import importlib
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,8 @@ def load_trial_from_checkpoint_path(
     torch_load_kwargs: dict[str, Any] | None = None,
     hparams: dict[str, Any] | None = None,
     trust_code: bool = False,
+    *,
+    prepare_imports: Callable[[], object] | None = None,
 ) -> Any:
     """Rebuild the trial (models restored, in eval mode) from a checkpoint directory or URI.
 
@@ -80,17 +83,27 @@ def load_trial_from_checkpoint_path(
     checkpoint's ``code/``; ``hparams`` default to the ones the checkpoint was trained with.
     Importing that code runs it, so it needs a checkpoint this installation wrote, a
     ``runs:/``/``models:/`` reference (the allow-listed registry), or ``trust_code=True``
-    (see det_tasks.trust).
+    (see det_tasks.trust). ``prepare_imports`` runs just before that code is imported:
+    ``det_tasks.compat`` passes its install step, so code that imports ``determined`` finds
+    it (this package never imports the compatibility layer, which is built from it).
     """
-    from det_tasks import compat
-
-    compat.install()
     with open_checkpoint_uri(str(path)) as directory:
         metadata = ckpt.verify(directory)
         load_data = read_load_data(directory)
         state = ckpt.read_state(directory, torch_load_kwargs)
         if trial_class is None:
-            _check_code_trusted(str(path), directory, metadata, trust_code)
+            consent = trust_code or _weights_only_off(torch_load_kwargs)
+            _check_code_trusted(str(path), directory, metadata, consent)
+            if not trust_code and not _code_trusted(str(path), directory, metadata):
+                warnings.warn(
+                    f"load_trial_from_checkpoint_path({str(path)!r}): weights_only=False "
+                    f"trusts the checkpoint, so its code runs: importing "
+                    f"{trial_class_spec(directory, load_data)} from its code/",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            if prepare_imports is not None:
+                prepare_imports()
             trial_class = _import_trial_class(directory, load_data)
         device = _device_of(torch_load_kwargs)
         settings = TrialSettings(
@@ -116,18 +129,28 @@ def _device_of(torch_load_kwargs: dict[str, Any] | None) -> torch.device:
     return torch.device("cpu")
 
 
+def _weights_only_off(torch_load_kwargs: dict[str, Any] | None) -> bool:
+    """``weights_only=False``, what Determined's own checkpoint-loading test passes: the
+    caller already lets the checkpoint's pickles run code, so its trial class may run too."""
+    return (torch_load_kwargs or {}).get("weights_only", True) is False
+
+
+def _code_trusted(reference: str, directory: Path, metadata: dict[str, Any]) -> bool:
+    """Written (signed) by this installation, or reached through the allow-listed registry."""
+    return scheme_of(reference) in trusted_schemes() or is_signed_here(directory, metadata)
+
+
 def _check_code_trusted(
     reference: str, directory: Path, metadata: dict[str, Any], trust_code: bool
 ) -> None:
-    if trust_code or scheme_of(reference) in trusted_schemes():
-        return
-    if is_signed_here(directory, metadata):
+    if trust_code or _code_trusted(reference, directory, metadata):
         return
     raise CheckpointError(
         f"checkpoint {reference!r} was not written by this installation (its manifest carries "
         "no valid signature), and rebuilding its trial class would run the Python in its "
         "code/. Pass trust_code=True if you trust where it came from, or trial_class=YourTrial "
-        "to use your own code (weights are loaded weights_only either way)"
+        "to use your own code (weights are loaded weights_only unless torch_load_kwargs says "
+        "weights_only=False, which trusts the code as well)"
     )
 
 
@@ -142,6 +165,18 @@ def _import_trial_class(directory: Path, load_data: dict[str, Any]) -> type:
     ):
         try:
             module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != "determined":
+                raise CheckpointError(
+                    f"cannot import trial module {module_name!r} recorded in the checkpoint: "
+                    f"{err}; pass trial_class=YourTrial"
+                ) from None
+            raise CheckpointError(
+                f"the checkpoint's trial module {module_name!r} imports `determined`, which "
+                "is not installed here: load it with "
+                "det_tasks.compat.load_trial_from_checkpoint_path (it serves `determined` "
+                "from det_tasks), or pass trial_class=YourTrial"
+            ) from None
         except ImportError as err:
             raise CheckpointError(
                 f"cannot import trial module {module_name!r} recorded in the checkpoint: "

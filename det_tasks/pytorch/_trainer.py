@@ -25,6 +25,7 @@ from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
 from det_tasks.pytorch._legacy import adapt_trial
+from det_tasks.pytorch._load import load_trial_from_checkpoint_path
 from det_tasks.pytorch._loop import FitOptions, TrialController
 from det_tasks.pytorch._profiler import ProfilerSettings
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
@@ -113,6 +114,8 @@ def init(
         distributed or _detect_distributed(optimizations),
         metrics_sink=metrics_sink or InMemoryMetricsSink(),
         checkpoint_store=checkpoint_store,
+        trainer=Trainer,
+        checkpoint_loader=load_trial_from_checkpoint_path,
     )
 
 

@@ -38,6 +38,17 @@ class TrainerAPIMixin:
     """Mixed into PyTorchTrialContext."""
 
     _trial_checkpoint_resolver: TrialCheckpointResolver | None = None
+    _trainer: Callable[[Any, Any], Any] | None = None  # set by PyTorchTrialContext
+    _checkpoint_loader: Callable[..., Any] | None = None
+
+    @staticmethod
+    def _require(call: str, service: Callable[..., Any] | None) -> Callable[..., Any]:
+        if service is None:
+            raise TrialError(
+                f"context.{call}() needs a context made by det.pytorch.init(); this one "
+                "(rebuilt from a checkpoint for inference) has no Trainer behind it"
+            )
+        return service
 
     def __enter__(self) -> Any:
         return self
@@ -77,14 +88,14 @@ class TrainerAPIMixin:
         test_mode: bool = False,
     ) -> dict[str, Any] | None:
         """Train ``trial`` (optionally on these loaders); returns the last validation metrics."""
-        from det_tasks.pytorch._trainer import Trainer
         from det_tasks.pytorch._units import Batch
 
+        trainer = self._require("train", self._trainer)
         if train_data is not None:
             trial.build_training_data_loader = lambda: train_data
         if val_data is not None:
             trial.build_validation_data_loader = lambda: val_data
-        result = Trainer(trial, self).fit(  # type: ignore[arg-type]
+        result = trainer(trial, self).fit(
             checkpoint_period=min_checkpoint_period,
             validation_period=min_validation_period,
             max_length=max_length,
@@ -106,8 +117,9 @@ class TrainerAPIMixin:
         trial_kwargs: dict[str, Any] | None = None,
     ) -> Any:
         """A trial restored from a checkpoint path/URI, or from a trial id via the registry."""
-        from det_tasks.pytorch._load import load_trial_from_checkpoint_path
-
+        load_trial_from_checkpoint_path = self._require(
+            "load_checkpoint_trial", self._checkpoint_loader
+        )
         if (trial_id is None) == (path is None):
             raise ValueError("load_checkpoint_trial needs exactly one of trial_id= or path=")
         if path is None:

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from det_tasks import checkpoint_format as ckpt
+from det_tasks import pytorch
+from det_tasks.compat import load_trial_from_checkpoint_path  # their code imports determined
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch import load_trial_from_checkpoint_path
 from det_tasks.safe_unpickle import load_pickle
 
 ROOT = Path(__file__).parents[1] / "fixtures" / "determined-legacy"
@@ -82,3 +83,35 @@ def shutil_copy(src: Path, dst: Path) -> None:
     import shutil
 
     shutil.copytree(src, dst)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_weights_only_false_is_consent_to_run_the_trial_code(layout):
+    """Determined's own loading test passes torch_load_kwargs={"weights_only": False}: that
+    already lets the checkpoint's pickles run code, so the trial class is rebuilt too, with
+    a one-line warning naming what runs."""
+    with pytest.warns(UserWarning, match=r"weights_only=False trusts .* importing \S+:XorTrial"):
+        trial = load_trial_from_checkpoint_path(
+            ROOT / layout, torch_load_kwargs={"weights_only": False}
+        )
+    assert trial.model(X).detach().squeeze(1).tolist() == EXPECTED
+
+
+@pytest.mark.parametrize("kwargs", [None, {"weights_only": True}, {"map_location": "cpu"}])
+def test_without_that_consent_foreign_code_is_still_refused(kwargs):
+    for layout in LAYOUTS:
+        with pytest.raises(CheckpointError, match="was not written by this installation"):
+            load_trial_from_checkpoint_path(ROOT / layout, torch_load_kwargs=kwargs)
+
+
+def test_the_harness_loader_without_the_alias_names_the_fix(monkeypatch):
+    """det_tasks.pytorch never imports the compatibility layer (it is built from it): code
+    that imports `determined` needs det_tasks.compat's loader, and the error says so."""
+    import sys
+
+    for name in [n for n in sys.modules if n == "determined" or n.startswith("determined.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(CheckpointError, match=r"imports `determined`.*det_tasks\.compat"):
+        pytorch.load_trial_from_checkpoint_path(ROOT / "0.21-metadata", trust_code=True)
+    trial = load_trial_from_checkpoint_path(ROOT / "0.21-metadata", trust_code=True)
+    assert trial.model(X).detach().squeeze(1).tolist() == EXPECTED

@@ -16,15 +16,15 @@ import pytest
 
 pytest.importorskip("boto3", reason="the platform extra is not installed")
 
-from det_tasks.errors import CheckpointError  # noqa: E402
-from det_tasks.runner.cli import main  # noqa: E402
-from det_tasks.runner.resume import choose_resume_checkpoint  # noqa: E402
-from det_tasks.storage import LocalDirectoryStore  # noqa: E402
-from registry import uris  # noqa: E402
-from registry.cache import fetch_checkpoint  # noqa: E402
-from registry.containment import key_within, normalised_key  # noqa: E402
-from registry.local_files import FileLocation  # noqa: E402
-from registry.s3 import artifact_location, parse_location  # noqa: E402
+from det_tasks.errors import CheckpointError
+from det_tasks.runner.cli import main
+from det_tasks.runner.resume import choose_resume_checkpoint
+from det_tasks.storage import LocalDirectoryStore
+from registry import uris
+from registry.cache import fetch_checkpoint
+from registry.containment import key_within, normalised_key
+from registry.local_files import FileLocation
+from registry.s3 import artifact_location, parse_location
 
 RUN = "0123456789abcdef"
 TRAVERSALS = [
@@ -42,7 +42,9 @@ def write_checkpoint(path: Path, payload: bytes = b"weights") -> Path:
     """A complete checkpoint: a state file and a metadata.json listing its checksum."""
     path.mkdir(parents=True)
     (path / "state_dict.pth").write_bytes(payload)
-    files = {"state_dict.pth": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    files = {
+        "state_dict.pth": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    }
     (path / "metadata.json").write_text(json.dumps({"format_version": 1, "files": files}))
     return path
 
@@ -130,7 +132,7 @@ def test_symlink_out_of_a_file_store_checkpoint_is_refused(file_store: dict[str,
         uris._fetch(f"runs:/{RUN}/checkpoints/leaky")
     linked = file_store["artifacts"] / "checkpoints" / "linked"
     linked.symlink_to(file_store["outside"], target_is_directory=True)
-    with pytest.raises(CheckpointError, match="leaves the run's artifact root.*resolves to"):
+    with pytest.raises(CheckpointError, match=r"leaves the run's artifact root.*resolves to"):
         uris._fetch(f"runs:/{RUN}/checkpoints/linked")
     assert not file_store["cache"].exists()
 
@@ -218,7 +220,8 @@ def test_missing_resume_path_names_what_the_user_typed(
         with pytest.raises(CheckpointError) as caught:
             choose_resume_checkpoint(store, typed)
         assert str(caught.value).startswith(f"checkpoint path {typed!r} does not exist")
-    with pytest.raises(CheckpointError, match="(?s)no intact checkpoint.*'./nope' does not exist"):
+    both_missing = r"(?s)no intact checkpoint.*'\./nope' does not exist"
+    with pytest.raises(CheckpointError, match=both_missing):
         choose_resume_checkpoint(store, ["./nope", "./gone"])
     write_checkpoint(tmp_path / "here")
     assert choose_resume_checkpoint(store, "./here") == "./here"  # a path that exists

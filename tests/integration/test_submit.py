@@ -64,10 +64,16 @@ def prefect(*args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def remote_worker(stack, tmp_path_factory):
+def deployed(stack):
+    """The stack's deployments (experiment/submitted, ...), registered once per module."""
+    deploy(stack)
+    return stack
+
+
+@pytest.fixture(scope="module")
+def remote_worker(deployed, stack, tmp_path_factory):
     """A second process worker on pool `remote`, started in an empty folder that shares
     nothing with the submitting side but the stack's URLs and S3 credentials."""
-    deploy(stack)
     workdir = tmp_path_factory.mktemp("remote-worker")
     spec_dir = tmp_path_factory.mktemp("remote-spec")
     (spec_dir / "prefect.yaml").write_text(REMOTE_YAML.format(workdir=workdir))
@@ -241,3 +247,47 @@ def test_bad_config_is_refused_before_upload(stack, model_dir, capsys):
     assert det_tasks(["job", "run", str(model_dir / "const.yaml"), str(model_dir)]) == 1
     assert "unknown field" in capsys.readouterr().err
     assert packages() == before
+
+
+MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist"
+
+
+def test_det_runs_the_mnist_tutorial_verbatim(deployed, tmp_path, monkeypatch, capsys):
+    """The tutorial's `det experiment create const.yaml .` in a copy of examples/mnist (made a
+    few batches long), then `det experiment wait ID` and `det experiment list-checkpoints ID`."""
+    from flows.det_cli import main as det
+
+    workdir = tmp_path / "mnist"
+    shutil.copytree(MNIST, workdir)
+    monkeypatch.chdir(workdir)
+    # A few batches; checkpoints to the stack's S3 (the tutorial's shared_fs is a folder
+    # on whichever host the worker runs on).
+    short = ["--config", "searcher.max_length={batches: 4}", "--config",
+             "min_validation_period={batches: 4}", "--config",
+             "checkpoint_storage={type: s3, bucket: det-tasks}"]  # fmt: skip
+    created = subprocess.run(
+        [str(Path(sys.executable).with_name("det")), "experiment", "create", "const.yaml", ".",
+         *short],
+        cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr[-3000:]
+    exp_id = created_id(created.stdout)
+    assert len(exp_id) == 8 and int(exp_id, 16) >= 0, created.stdout
+
+    waited = det(["experiment", "wait", exp_id, "--polling-interval", "1"])
+    if waited != 0:
+        det(["e", "logs", exp_id])
+    assert waited == 0, capsys.readouterr().out[-4000:]
+    assert f"Experiment {exp_id} terminated with state COMPLETED" in capsys.readouterr().out
+    assert det(["e", "lc", exp_id]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) >= 1 and rows[0].split()[1] == "4", rows
+
+    # Trials are named EXPERIMENT/N; an unknown experiment is one line and changes nothing.
+    assert det(["e", "lt", exp_id]) == 0
+    assert f"{exp_id}/1" in capsys.readouterr().out
+    unknown = "0" * 8 if not exp_id.startswith("0" * 8) else "f" * 8
+    assert det(["e", "describe", unknown]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"det: error: no experiment runs match {unknown!r}: give more characters"
+    ]

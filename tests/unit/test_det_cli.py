@@ -12,8 +12,8 @@ import pytest
 from det_tasks.errors import DetTasksError
 from flows.det_cli import main as det
 from flows.det_cli import master as master_lib
-from flows.det_cli.ids import parse_trial_ref, short_id
 from flows.det_cli.dispatch import build_parser
+from flows.det_cli.ids import parse_trial_ref, short_id
 
 EXP = "1a2b3c4d"
 
@@ -162,6 +162,7 @@ def test_master_precedence_and_the_stack_env(tmp_path, monkeypatch):
     deep.mkdir(parents=True)
     found = master_lib.find_stack_env({}, deep)
     assert found == stack / "env"
+    assert found is not None
     values = master_lib.read_env_file(found)
     assert values["MLFLOW_TRACKING_URI"] == "http://m"
     resolve = master_lib.resolve_master

@@ -90,6 +90,13 @@ def test_grid_of_four_with_concurrency_two(stack):
     }
     metadata = json.loads((_fetch(best["checkpoint"]) / "metadata.json").read_text())
     assert metadata["trial_id"] == str(best["trial_id"])
+    # Prefect's side (issue 28): one trials table, updated in place, best first, and one
+    # progress artifact, however often the flow published them.
+    from tests.integration.prefect_artifacts import trials_table_and_progress
+
+    rows, progress = trials_table_and_progress(_last_run_key("flow-grid"))
+    assert sorted(r["trial"] for r in rows) == [1, 2, 3, 4] and progress == 100.0
+    assert str(rows[0]["trial"]) == parent.data.tags["det.best.trial_id"]
 
 
 def test_asha_stops_worse_trials_early(stack):

@@ -185,7 +185,9 @@ def test_table_is_created_once_then_updated_in_place_with_progress(monkeypatch):
     assert len(artifacts.table_updates) == 3
     assert [p for _, p, _ in artifacts.progress_updates] == [50.0, 75.0, 100.0]
     assert artifacts.progress[0][1] == 25.0
-    assert artifacts.progress_updates[-1][2] == "4 of 4 trials of experiment 'Grid Search!' finished"
+    assert (
+        artifacts.progress_updates[-1][2] == "4 of 4 trials of experiment 'Grid Search!' finished"
+    )
 
     rows = artifacts.latest_table()
     # Larger is better: best first, the trial without a metric last.

@@ -335,7 +335,8 @@ def _check_ports_free(service: Service, ports: list[int]) -> None:
                 raise ServiceError(
                     f"port {port} (for {service.name}) is already in use on 127.0.0.1; stop "
                     "what holds it or choose other ports (DET_TASKS_S3_PORT, "
-                    "DET_TASKS_MLFLOW_PORT, DET_TASKS_SEAWEED_*_PORT)"
+                    "DET_TASKS_MLFLOW_PORT, DET_TASKS_PREFECT_PORT, DET_TASKS_DASK_PORT, "
+                    "DET_TASKS_SEAWEED_*_PORT)"
                 )
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.utils.data
 
 from det_tasks.pytorch import samplers
+from det_tasks.pytorch._shuffle import EpochShuffleSampler
 
 __all__ = ["DataLoader", "TorchData", "adapt_batch_sampler", "data_length", "to_device"]
 
@@ -72,8 +73,9 @@ def adapt_batch_sampler(
 class DataLoader:
     """Drop-in for ``torch.utils.data.DataLoader`` over map-style datasets.
 
-    The harness replaces shuffling and sampling with a resumable, shardable batch
-    sampler (seeded per trial and epoch), so the same seed gives the same batches.
+    The harness wraps the sampling in a resumable, shardable batch sampler. ``shuffle``
+    draws each epoch's order as Determined's (torch's RandomSampler: from the global torch
+    generator, or ``generator``), so the same seeds give Determined's batches.
     """
 
     def __init__(
@@ -125,18 +127,27 @@ class DataLoader:
         self.generator = generator
         self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
+        self._training_shuffle: EpochShuffleSampler | None = None
 
     def __len__(self) -> int:
         """Batches per epoch on one process."""
         return len(self.make_batch_sampler(seed=0, rank=0, size=1))  # type: ignore[arg-type]
 
     def make_batch_sampler(
-        self, seed: int, rank: int, size: int, repeat: bool = False, skip: int = 0
+        self,
+        seed: int,
+        rank: int,
+        size: int,
+        repeat: bool = False,
+        skip: int = 0,
+        shuffle_draws: dict[int, Any] | None = None,
     ) -> torch.utils.data.Sampler:
-        """The batch sampler the harness iterates: seeded, sharded, repeating, skipping.
+        """The batch sampler the harness iterates: sharded, repeating, skipping.
 
-        ``skip`` counts batches already trained. With a sampler that knows epochs (ours,
-        or any with ``set_epoch``) whole epochs are jumped over, not replayed.
+        ``skip`` counts batches already trained. With a sampler that knows epochs (our
+        shuffle, or any with ``set_epoch``) whole epochs are jumped over, not replayed;
+        ``shuffle_draws`` (from a checkpoint) replays the shuffle of the epoch resumed in.
+        ``seed`` is unused here (the shuffle follows Determined's RNG draws).
         """
         sampler: Any = None
         if self.batch_sampler is not None:
@@ -145,7 +156,9 @@ class DataLoader:
             if self.sampler is not None:
                 sampler = self.sampler
             elif self.shuffle:
-                sampler = samplers.ReproducibleShuffleSampler(self.dataset, seed)  # type: ignore[arg-type]
+                sampler = EpochShuffleSampler(self.dataset, self.generator)  # type: ignore[arg-type]
+                if repeat:
+                    self._training_shuffle = sampler
             else:
                 sampler = torch.utils.data.SequentialSampler(self.dataset)  # type: ignore[arg-type]
             assert self.batch_size is not None
@@ -156,7 +169,10 @@ class DataLoader:
         # trained batch on each of N ranks is N per-slot batches of the underlying stream.
         epoch_len = len(batch_sampler)
         skip *= size
-        if skip and epoch_len and hasattr(sampler, "set_epoch"):
+        if skip and epoch_len and isinstance(sampler, EpochShuffleSampler):
+            sampler.start_at(skip // epoch_len, shuffle_draws)
+            skip %= epoch_len
+        elif skip and epoch_len and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(skip // epoch_len)
             skip %= epoch_len
         if repeat:
@@ -176,6 +192,7 @@ class DataLoader:
         skip: int = 0,
         *,
         private_generator: bool = True,
+        shuffle_draws: dict[int, Any] | None = None,
     ) -> torch.utils.data.DataLoader:
         """A torch DataLoader over this loader's batches (what the harness iterates).
 
@@ -188,7 +205,7 @@ class DataLoader:
             generator = torch.Generator().manual_seed(seed)
         return torch.utils.data.DataLoader(
             self.dataset,
-            batch_sampler=self.make_batch_sampler(seed, rank, size, repeat, skip),
+            batch_sampler=self.make_batch_sampler(seed, rank, size, repeat, skip, shuffle_draws),
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
@@ -198,6 +215,20 @@ class DataLoader:
             generator=generator,
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
+        )
+
+    def shuffle_draws(self) -> dict[int, Any]:
+        """The training shuffle's recent draws (epoch -> seed), for a checkpoint."""
+        return self._training_shuffle.recorded() if self._training_shuffle else {}
+
+    def draws_from_global_rng(self) -> bool:
+        """Whether iterating draws from the global torch generator (the shuffle without a
+        ``generator``): then only the training thread may iterate it, in step order."""
+        return (
+            self.shuffle
+            and self.generator is None
+            and self.sampler is None
+            and self.batch_sampler is None
         )
 
     def supports_fast_gather(self) -> bool:

@@ -38,6 +38,7 @@ def iterate_batches(
     size: int,
     repeat: bool,
     skip: int = 0,
+    shuffle_draws: dict[int, Any] | None = None,
 ) -> Iterator[Any]:
     """Host-side batches of ``loader`` for this rank, optionally forever, after ``skip``.
 
@@ -50,9 +51,11 @@ def iterate_batches(
         if loader.supports_fast_gather() or loader.generator is None:
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         if loader.supports_fast_gather():
-            sampler = loader.make_batch_sampler(seed, rank, size, repeat=repeat, skip=skip)
+            sampler = loader.make_batch_sampler(seed, rank, size, repeat, skip, shuffle_draws)
             return _gather_batches(loader, sampler)
-        torch_loader = loader.get_data_loader(seed, rank, size, repeat=repeat, skip=skip)
+        torch_loader = loader.get_data_loader(
+            seed, rank, size, repeat=repeat, skip=skip, shuffle_draws=shuffle_draws
+        )
         return iter(torch_loader)
     return _replaying(loader, iter(loader), repeat, skip)
 

@@ -97,6 +97,7 @@ class TrialController:
         self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
+        self._shuffle_draws: dict[int, Any] | None = None  # a checkpoint's, for its epoch
         if not context.models:
             raise TrialError(
                 f"{type(trial).__name__}.__init__ wrapped no model: wrap every model with "
@@ -272,6 +273,7 @@ class TrialController:
     def _build_data(self) -> None:
         ctx, opts = self.context, self.options
         train_loader = _check_loader(self.trial.build_training_data_loader(), "training", ctx)
+        self._train_loader = train_loader
         self._val_loader = _check_loader(
             self.trial.build_validation_data_loader(), "validation", ctx
         )
@@ -299,6 +301,7 @@ class TrialController:
             size=self.dist.size,
             repeat=True,
             skip=self.batches_trained,
+            shuffle_draws=self._shuffle_draws,
         )
         self._prefetcher: DevicePrefetcher | None = None
         auto = ctx.experimental._auto_to_device
@@ -420,6 +423,7 @@ class TrialController:
                 "batches_trained": self.batches_trained,
                 "best_metric": self.best_metric,
                 "last_validation_batch": self.last_validation_batch,
+                "shuffle_draws": _shuffle_draws(self._train_loader),
             },
         }
         if ctx._scaler is not None:
@@ -472,6 +476,7 @@ class TrialController:
         self.context._initial_batch = self.batches_trained
         self.best_metric = trial_state.get("best_metric")
         self.last_validation_batch = trial_state.get("last_validation_batch")
+        self._shuffle_draws = trial_state.get("shuffle_draws")
         self.last_checkpoint_batch = self.batches_trained
         if self.last_validation_batch == self.batches_trained:
             # Validated just before this checkpoint: its metrics stand for this position.
@@ -531,6 +536,14 @@ def _check_loader(loader: Any, which: str, ctx: PyTorchTrialContext) -> Any:
 
 def _thread_safe_source(loader: Any) -> bool:
     """Fetching in a thread is safe when it cannot race the main thread for global RNG."""
-    return isinstance(loader, DataLoader) and (
-        loader.supports_fast_gather() or loader.num_workers > 0
+    return (
+        isinstance(loader, DataLoader)
+        and (loader.supports_fast_gather() or loader.num_workers > 0)
+        and not loader.draws_from_global_rng()
     )
+
+
+def _shuffle_draws(loader: Any) -> dict[int, Any]:
+    """The training shuffle's draws of the epochs in flight (Determined's order is drawn
+    from the global generator per epoch; a resumed run replays it from these)."""
+    return loader.shuffle_draws() if isinstance(loader, DataLoader) else {}

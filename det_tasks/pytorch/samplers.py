@@ -1,14 +1,15 @@
 """Resumable, shardable samplers (Determined's ``det.pytorch.samplers``).
 
-Wrapping order for training: sampler -> BatchSampler -> DistributedBatchSampler ->
-RepeatBatchSampler -> SkipBatchSampler; each is deterministic for a given seed.
+Building blocks for custom loaders, as Determined's: sampler -> BatchSampler ->
+RepeatBatchSampler -> DistributedBatchSampler -> SkipBatchSampler (``adapt_batch_sampler``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.data
 
@@ -17,30 +18,35 @@ __all__ = [
     "DistributedSampler",
     "RepeatBatchSampler",
     "RepeatSampler",
+    "ReproducibleShuffleBatchSampler",
     "ReproducibleShuffleSampler",
     "SkipBatchSampler",
     "SkipSampler",
 ]
 
+_END = object()
+
 
 class ReproducibleShuffleSampler(torch.utils.data.Sampler):
-    """A shuffle whose order depends only on (seed, epoch), never on the global RNG."""
+    """Determined's: each pass shuffles the wrapped sampler's indices with one numpy
+    ``RandomState(seed)`` kept across passes, so the order depends only on the seed and the
+    pass (a resume that skips through the index stream replays it exactly)."""
 
-    def __init__(self, data_source: Sized, seed: int) -> None:
-        self._n = len(data_source)
-        self._seed = seed
-        self._epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
+    def __init__(self, sampler: Any, seed: int) -> None:
+        self._sampler = sampler
+        self._rng = np.random.RandomState(seed)
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._sampler)
 
-    def __iter__(self) -> Iterator[int]:
-        gen = torch.Generator().manual_seed(self._seed * 100_003 + self._epoch)
-        self._epoch += 1
-        return iter(torch.randperm(self._n, generator=gen).tolist())
+    def __iter__(self) -> Iterator[Any]:
+        indices = list(self._sampler)
+        self._rng.shuffle(indices)
+        return iter(indices)
+
+
+class ReproducibleShuffleBatchSampler(ReproducibleShuffleSampler):
+    """The same over a batch sampler: whole batches change places, their contents do not."""
 
 
 class RepeatBatchSampler(torch.utils.data.Sampler):
@@ -73,12 +79,15 @@ class SkipBatchSampler(torch.utils.data.Sampler):
         self.skip = skip
 
     def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip, 0)
+        """The wrapped sampler's length, as Determined's: the loop's epoch length must not
+        shrink on a resume (the skip applies once, to a repeating stream)."""
+        return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.batch_sampler)
         for _ in range(self.skip):
-            next(it)
+            if next(it, _END) is _END:
+                return
         yield from it
 
 

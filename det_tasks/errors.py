@@ -11,6 +11,7 @@ __all__ = [
     "DetTasksError",
     "InvalidHP",
     "TrialError",
+    "TrialStopped",
 ]
 
 # `det-tasks run`'s exit code when the trial rejected its hyperparameters (det.InvalidHP):
@@ -37,3 +38,12 @@ class CheckpointError(DetTasksError):
 class InvalidHP(Exception):
     """``det.InvalidHP``: raised by a trial to reject its hyperparameters; the searcher
     drops the trial (random and adaptive_asha propose a replacement)."""
+
+
+class TrialStopped(Exception):
+    """A trial was stopped on request (pause, cancel, kill, Ctrl-C), not by a fault: its run
+    ends KILLED with ``state`` (Determined's word: PAUSED or CANCELED) as the reason."""
+
+    def __init__(self, state: str, why: str = "") -> None:
+        super().__init__(f"trial stopped: {state}" + (f" ({why})" if why else ""))
+        self.state = state

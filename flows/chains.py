@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import distributed
+from prefect import get_run_logger
 
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
-from flows.engine import Placement
+from flows.engine import Placement, recycle, stop_everywhere
+from flows.stopping import StopControl
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import TrialTable
 from flows.workers import StepResult, run_step
@@ -44,6 +46,7 @@ class _Stage:
     kind: str
     future: Any  # PrefectFuture
     release: bool = False
+    stopped: bool = False  # the checkpoint of a trial stopped on request (not a segment end)
 
 
 def final_segment(work: Work, cfg: ExperimentConfig) -> bool:
@@ -76,20 +79,27 @@ class TrialChains:
         self.position: dict[int, int] = {}
         self.releases: list[distributed.Future] = []
         self.best: dict[str, Any] | None = None
+        self.stop: StopControl | None = None
 
-    def run(self, todo: list[Work], searcher: Searcher, limit: int) -> dict[str, Any] | None:
-        """Run until the searcher has no more work; returns the best trial's summary."""
+    def run(
+        self, todo: list[Work], searcher: Searcher, limit: int, stop: StopControl | None = None
+    ) -> dict[str, Any] | None:
+        """Run until the searcher has no more work, or until ``stop`` asks to pause, cancel
+        or kill (running trials then stop at their next batch boundary); returns the best
+        trial's summary."""
+        self.stop = stop
         running: dict[Future[Any], _Stage] = {}
         active = 0
-        while todo or running:
+        while (todo and not self._stopping) or running:
             # One trial per worker: more chains than workers would only evict each other's
             # held trials (correct, via checkpoints, but replaying work).
             capacity = min(limit, max(1, len(self.placement.workers())))
-            while todo and active < capacity:
+            while todo and active < capacity and not self._stopping:
                 stage = self._start(todo.pop(0))
                 running[_as_future(stage.future)] = stage
                 active += 1
-            done, _ = wait_futures(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait_futures(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
+            self._poll_stop()
             for fut in done:
                 stage = running.pop(fut)
                 try:
@@ -99,17 +109,55 @@ class TrialChains:
                     self.table.publish()
                     raise
                 self.placement.ran(stage.work.trial_id, result.worker)
+                if result.recycle_due:  # between steps: nothing is placed on it
+                    recycle(self.placement.client, result.worker)
                 nxt = self._next(stage, result)
                 if nxt is not None:
                     running[_as_future(nxt.future)] = nxt
                     continue
                 active -= 1
+                if result.preempted is not None or stage.stopped:
+                    self._stopped(stage, result)
+                    continue
                 todo[:0], later = self._segment_done(stage, result, searcher)
                 todo.extend(later)
-        for row in self.table.rows.values():
-            if row.state == "PAUSED":
-                row.state = "STOPPED"
+        if not self._stopping:
+            for row in self.table.rows.values():
+                if row.state == "PAUSED":
+                    row.state = "STOPPED"
         return self.best
+
+    @property
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.mode is not None
+
+    def _poll_stop(self) -> None:
+        """Pass a new stop request on to the workers holding this experiment's trials."""
+        if self.stop is None:
+            return
+        mode = self.stop.poll()
+        if mode is not None:
+            asked = stop_everywhere(self.placement.client, self.stop.experiment_key, mode)
+            get_run_logger().warning(
+                "%s requested: %d running trial(s) stop at their next batch boundary%s",
+                mode,
+                asked,
+                "" if mode == "kill" else " and checkpoint there",
+            )
+
+    def _stopped(self, stage: _Stage, result: StepResult) -> None:
+        """A trial stopped on request: its worker is free; its row says why."""
+        trial_id = stage.work.trial_id
+        self.last[trial_id] = stage.future
+        self.position[trial_id] = result.position
+        self.placement.done(trial_id)
+        assert self.stop is not None and self.stop.state is not None
+        self.table.set_state(trial_id, self.stop.state)
+        if stage.kind == "train":  # killed: no checkpoint; the held trial is dropped
+            self._release(stage.ref, result, self.stop.state)
+        if stage.kind == "checkpoint" and result.checkpoint:
+            self.table.segment_done(trial_id, result.position, math.nan, result.checkpoint)
+        self.table.publish()
 
     def wait_releases(self, timeout_s: float = 120.0) -> None:
         if self.releases:
@@ -148,6 +196,16 @@ class TrialChains:
         ref, retries = stage.ref, self.cfg.max_restarts
         if result.invalid_hp is not None:
             return None
+        if stage.kind == "train" and result.preempted is not None:
+            if result.preempted == "kill" or self.stop is None or self.stop.state is None:
+                return None
+            # Pause and cancel: a checkpoint at the stop batch, no validation (Determined's
+            # preemption), then the trial's run ends KILLED with the experiment's state.
+            name = ref.task_name("checkpoint", f"@{result.position}")
+            future = checkpoint.with_options(task_run_name=name, retries=retries).submit(
+                ref, after=stage.future, release=True, stopped_as=self.stop.state
+            )
+            return _Stage(stage.work, ref, "checkpoint", future, True, stopped=True)
         if stage.kind == "train":
             name = ref.task_name("validate", f"@{result.position}")
             future = validate.with_options(task_run_name=name, retries=retries).submit(
@@ -188,6 +246,11 @@ class TrialChains:
         elif not mine:
             self.table.set_state(trial_id, "PAUSED")
             self._release(stage.ref, result)
+        elif self._stopping:  # its next segment waits for activate (in the searcher state)
+            assert self.stop is not None
+            self.table.set_state(trial_id, self.stop.state or "PAUSED")
+            self._release(stage.ref, result, self.stop.state)
+            mine = []
         self.table.publish()
         if self.best is None or better(metric, self.best["metric"], self.cfg):
             self.best = {
@@ -199,11 +262,14 @@ class TrialChains:
             }
         return mine, others
 
-    def _release(self, ref: TrialRef, result: StepResult) -> None:
-        """Free the paused trial's worker (fire and forget; awaited at the end)."""
+    def _release(self, ref: TrialRef, result: StepResult, stopped_as: str | None = None) -> None:
+        """Free the paused trial's worker (fire and forget; awaited at the end);
+        ``stopped_as``: its run ends KILLED with that state."""
         if not ref.holdable:
             return
-        request = ref.request("release", result.position, result.position)
+        request = dataclasses.replace(
+            ref.request("release", result.position, result.position), stopped_as=stopped_as
+        )
         client = distributed.default_client()
         self.releases.append(
             client.submit(

@@ -6,10 +6,11 @@ run against a real stack unchanged."""
 from __future__ import annotations
 
 import os
+import signal
 
 from det_tasks.home import det_tasks_home
 
-__all__ = ["use_embedded_defaults"]
+__all__ = ["start_shielded_prefect_server", "use_embedded_defaults"]
 
 
 def use_embedded_defaults() -> dict[str, str]:
@@ -28,3 +29,22 @@ def use_embedded_defaults() -> dict[str, str]:
     for name, value in chosen.items():
         os.environ[name] = value
     return chosen
+
+
+def start_shielded_prefect_server() -> None:
+    """Start Prefect's ephemeral server now, with SIGINT and SIGTERM blocked while it is
+    spawned: the child keeps that mask, so a terminal's Ctrl-C (sent to the whole
+    foreground process group) stops the experiment gracefully instead of killing the API
+    the flow still needs to record its stop. The flow's own process unblocks at once and
+    reuses this server (Prefect keeps one per process). No-op with PREFECT_API_URL set."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.client.orchestration import get_client
+
+    shielded = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, shielded)
+    try:
+        with get_client(sync_client=True) as client:
+            client.api_healthcheck()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -40,16 +41,20 @@ from flows.workers import (
     StepRequest,
     StepResult,
     release_all,
+    request_stop,
     run_step,
 )
 
 __all__ = [
     "SCHEDULER_ENV",
     "Placement",
+    "StepStranded",
     "background_cluster",
     "dask_client",
     "embedded_cluster",
+    "recycle",
     "release_everywhere",
+    "stop_everywhere",
     "submit_step",
     "worker_memory_mb",
     "workers_that_fit",
@@ -250,11 +255,57 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
                 os.environ[name] = value
 
 
+# How often a waiting step looks at its task's state in the scheduler, and how long it may
+# sit where no worker can run it before the experiment fails, naming it.
+WATCH_INTERVAL_S = 5.0
+STRANDED_AFTER_S = 60.0
+
+
+class StepStranded(RuntimeError):
+    """A step that no worker of the cluster can run (the watchdog's loud failure)."""
+
+
 def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
     """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
-    and wait for its result; a lost worker surfaces as distributed.KilledWorker."""
+    and wait for its result; a lost worker surfaces as distributed.KilledWorker.
+
+    The wait is watched: Dask leaves a step pinned (loosely) to a worker that is gone in
+    its ``no-worker`` state even when other workers are idle (its scheduler's
+    bulk_schedule_unrunnable_after_adding_worker ignores loose restrictions), so such a
+    step is resubmitted unpinned; a step that no worker can take for STRANDED_AFTER_S fails
+    with StepStranded instead of hanging the experiment."""
     client = default_client()
-    future = client.submit(
+    future = _submit(client, request, worker, gpus)
+    stranded_since: float | None = None
+    while True:
+        try:
+            result: StepResult = future.result(timeout=WATCH_INTERVAL_S)
+            return result
+        except TimeoutError:
+            pass
+        state, restrictions = _task_state(client, future.key)
+        if state != "no-worker":
+            stranded_since = None
+            continue
+        if restrictions:  # pinned to a worker that is gone: any worker may restore it
+            future.cancel()
+            future = _submit(client, request, None, gpus)
+            continue
+        now = time.monotonic()
+        stranded_since = stranded_since or now
+        if now - stranded_since >= STRANDED_AFTER_S:
+            future.cancel()
+            workers = len(client.scheduler_info(n_workers=-1)["workers"])
+            need = f" with GPU={gpus}" if gpus else ""
+            raise StepStranded(
+                f"step {request.kind} of trial {request.trial.trial_id} (batches "
+                f"{request.start}..{request.stop}) found no worker{need} to run it for "
+                f"{STRANDED_AFTER_S:.0f} s; the cluster has {workers} worker(s)"
+            )
+
+
+def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int) -> Any:
+    return client.submit(
         run_step,
         request,
         key=f"{request.kind}-trial-{request.trial.trial_id}-{request.stop}-{uuid.uuid4().hex[:8]}",
@@ -263,13 +314,45 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
         allow_other_workers=bool(worker),  # Dask refuses it without workers=
         resources={"GPU": gpus} if gpus else None,
     )
-    result: StepResult = future.result()
-    return result
 
 
-def release_everywhere(client: Client) -> int:
-    """End every held trial on every worker (closing their MLflow runs); the count."""
-    return sum(int(n) for n in client.run(release_all).values())
+def _task_state(client: Client, key: str) -> tuple[str | None, list[str]]:
+    """The scheduler's state of task ``key`` and its worker restrictions."""
+
+    def look(dask_scheduler: Scheduler, key: str) -> tuple[str | None, list[str]]:
+        ts = dask_scheduler.tasks.get(key)
+        if ts is None:
+            return None, []
+        return ts.state, sorted(ts.worker_restrictions or ())
+
+    state, restrictions = client.run_on_scheduler(look, key=key)
+    return state, list(restrictions)
+
+
+def recycle(client: Client, worker: str) -> bool:
+    """Restart ``worker``'s process through its Nanny (between steps: it holds no trial and
+    nothing is placed on it); False where it cannot be restarted (no Nanny)."""
+    try:
+        outcome = client.restart_workers([worker], timeout=120, raise_for_error=False)
+    except Exception as err:  # a worker started without a Nanny cannot be restarted
+        _logger.warning("could not recycle Dask worker %s: %s", worker, err)
+        return False
+    return outcome.get(worker) == "OK"
+
+
+def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:
+    """Ask every worker holding one of the experiment's trials to stop it at its next batch
+    boundary; the number of trials asked."""
+    return sum(bool(v) for v in client.run(request_stop, experiment_key, mode).values())
+
+
+def release_everywhere(
+    client: Client, experiment_key: str | None = None, stopped_as: str | None = None
+) -> int:
+    """End the held trials (closing their MLflow runs) on every worker: all, or only
+    ``experiment_key``'s; ``stopped_as`` ends their runs KILLED with that state."""
+    counts = client.run(release_all, experiment_key, stopped_as)
+    return sum(int(n) for n in counts.values())
 
 
 class Placement:

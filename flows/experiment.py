@@ -18,33 +18,41 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.flow_runs import suspend_flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError
 from det_tasks.runner.local import load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import STATE_TAG, TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
-from flows.embedded import use_embedded_defaults
+from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.engine import (
     SCHEDULER_ENV,
     Placement,
     background_cluster,
     dask_client,
     release_everywhere,
+    stop_everywhere,
     worker_memory_mb,
 )
+from flows.stopping import StopControl
 from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
 from registry.packages import fetch_package
+from registry.run_states import end_orphans, end_running_runs
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
-__all__ = ["experiment"]
+__all__ = ["experiment", "worker_count"]
 
 
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
@@ -61,19 +69,23 @@ def experiment(
     model_dir: str | None = None,
     package: str | None = None,
     config_yaml: str | None = None,
-) -> dict[str, Any]:
-    """Run every trial the config's searcher proposes; returns the best trial's summary.
+    experiment_key: str | None = None,
+) -> Any:
+    """Run every trial the config's searcher proposes; returns the best trial's summary
+    (or, when stopped on request, a Cancelled state or the flow run's suspension).
 
     ``package`` (an ``s3://.../packages/<sha256>.tar.gz`` from ``det-tasks experiment
     create``) is unpacked into a fresh folder on this worker; the config is ``config_yaml``
     when given (``config`` then only names it), else the file ``config`` inside the package.
+    ``experiment_key``: continue that experiment (its MLflow runs, trials and searcher
+    state) instead of starting one keyed by this flow run's id.
     """
     logger = get_run_logger()
     overrides = list(overrides or [])
     if not package:
         config_path = Path(config).resolve()
         model_path = Path(model_dir).resolve() if model_dir else config_path.parent
-        return _run_experiment(config_path, model_path, overrides)
+        return _run_experiment(config_path, model_path, overrides, None, experiment_key)
     model_path = fetch_package(package)
     logger.info("model package %s unpacked into %s", package, model_path)
     config_path = (model_path / config).resolve()
@@ -83,14 +95,25 @@ def experiment(
     try:
         if not config_path.is_relative_to(model_path.parent.resolve()):
             raise ConfigError(f"config {config!r} is outside the model package: give a path in it")
-        return _run_experiment(config_path, model_path, overrides, package)
+        return _run_experiment(config_path, model_path, overrides, package, experiment_key)
     finally:
         shutil.rmtree(model_path.parent, ignore_errors=True)
 
 
+def worker_count(cfg: ExperimentConfig) -> int:
+    """Workers an experiment can use at once: its concurrency limit, or fewer when its
+    searcher cannot run that many trials at once (1 for ``single``)."""
+    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
+    return max(1, min(limit, len(make_searcher(cfg).start())))
+
+
 def _run_experiment(
-    config_path: Path, model_path: Path, overrides: list[str], package: str | None = None
-) -> dict[str, Any]:
+    config_path: Path,
+    model_path: Path,
+    overrides: list[str],
+    package: str | None = None,
+    experiment_key: str | None = None,
+) -> Any:
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings = RegistrySettings.from_env()
@@ -100,18 +123,23 @@ def _run_experiment(
             "source .stack/env, or run without servers: python -m flows.experiment CONFIG"
         )
     name = cfg.name or config_path.stem
-    run_key = str(flow_run.get_id() or uuid.uuid4())
-    runs = ExperimentRuns(client_for(settings.tracking_uri), name, run_key, raw)
+    run_key = experiment_key or str(flow_run.get_id() or uuid.uuid4())
+    mlflow = client_for(settings.tracking_uri)
+    runs = ExperimentRuns(mlflow, name, run_key, raw)
+    for orphan in end_orphans(mlflow, [runs.experiment_id]):
+        logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
+    runs.reopen(runs.parent_run_id)  # an activated (or resumed) experiment runs again
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
     finished = searcher.finished()
     todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
-    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
+    limit = worker_count(cfg)
     table = TrialTable(
         name,
         cfg.searcher.metric,
         cfg.searcher.smaller_is_better,
         lambda run_id: mlflow_link(settings.tracking_uri or "", runs.experiment_id, run_id),
+        total_trials=len({w.trial_id for w in todo} | finished),
     )
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
@@ -129,17 +157,28 @@ def _run_experiment(
             table,
             Placement(client),
         )
-        best = trials.run(todo, searcher, limit)
-        released = release_everywhere(client)
+        stop = StopControl(client, run_key, mlflow, runs.parent_run_id, _prefect_cancelling)
+        stop.clear()  # a request left from before an activate is spent
+        try:
+            with stop.signals_handled():
+                best = trials.run(todo, searcher, limit, stop)
+        except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
+            _end_abruptly(client, runs, run_key, table, err)
+            raise
+        released = release_everywhere(client, run_key, stop.state)
         trials.wait_releases()
     if released:
         logger.info("released %d held trial(s)", released)
     table.publish()
+    if stop.mode is not None:
+        return _stopped(stop, runs, config_path, run_key)
     finish_experiment(runs, s3_client(settings.s3_endpoint))
     result = {
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,
-        "best": best,
+        # The table's best reads each trial's whole validation history (a validation
+        # inside a train step is the best as often as the one ending it).
+        "best": table.best() or best,
         "mlflow_experiment": mlflow_link(settings.tracking_uri, runs.experiment_id),
         "mlflow_parent_run": mlflow_link(
             settings.tracking_uri, runs.experiment_id, runs.parent_run_id
@@ -150,13 +189,79 @@ def _run_experiment(
     return result
 
 
+def _prefect_cancelling() -> bool:
+    """Whether Prefect is cancelling this flow run (its worker's SIGTERM), not a plain
+    SIGTERM (a pause: checkpoint and continue later)."""
+    run_id = flow_run.get_id()
+    if not run_id:
+        return False
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(uuid.UUID(str(run_id))).state
+    return state is not None and state.type == StateType.CANCELLING
+
+
+def _end_abruptly(
+    client: Any, runs: ExperimentRuns, run_key: str, table: TrialTable, err: BaseException
+) -> None:
+    """The flow ends without its trials' cooperation: stop them at once on their workers,
+    and end every run of the experiment (CANCELED on a second Ctrl-C, FAILED on an error)."""
+    killed = isinstance(err, KeyboardInterrupt)
+    state, status = ("CANCELED", "KILLED") if killed else ("ERROR", "FAILED")
+    with contextlib.suppress(Exception):
+        stop_everywhere(client, run_key, "kill")
+        release_everywhere(client, run_key, state if killed else None)
+    with contextlib.suppress(Exception):
+        end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, state, status)
+    with contextlib.suppress(Exception):
+        table.publish()
+
+
+def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key: str) -> Any:
+    """An experiment stopped on request: its runs end KILLED with its state, and the flow
+    run is suspended (a deployment's: activate resumes it) or ends Cancelled."""
+    assert stop.state is not None
+    end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, stop.state)
+    short = run_key[:8]
+    if stop.mode == "pause":
+        if _has_deployment():
+            how = f"det experiment activate {short} (or Resume in the Prefect UI)"
+            get_run_logger().warning("experiment %s paused; continue with: %s", short, how)
+            suspend_flow_run(timeout=PAUSED_FOR_S, key=uuid.uuid4().hex)
+        how = f"python -m flows.experiment {config_path} --activate {run_key}"
+        message = f"experiment {short} paused (trials checkpointed); continue with: {how}"
+    else:
+        message = f"experiment {short} {stop.state.lower()} (runs ended KILLED)"
+    get_run_logger().warning(message)
+    return Cancelled(message=message)
+
+
+# Determined's paused experiments wait for activate indefinitely; Prefect fails a suspended
+# run when its timeout passes, so the timeout is a year.
+PAUSED_FOR_S = 365 * 24 * 3600
+
+
+def _has_deployment() -> bool:
+    return bool(deployment.get_id())
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
     needed (see flows.embedded); prints the summary as JSON."""
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m flows.experiment CONFIG [key=value ...]", file=sys.stderr)
+        print(
+            "usage: python -m flows.experiment CONFIG [key=value ...] [--activate KEY]",
+            file=sys.stderr,
+        )
         return 2
+    experiment_key = None
+    if "--activate" in args:
+        at = args.index("--activate")
+        if at + 1 >= len(args):
+            print("error: --activate needs the experiment key it printed", file=sys.stderr)
+            return 2
+        experiment_key = args.pop(at + 1)
+        args.pop(at)
     try:  # before a Prefect server starts: a typo costs a second, not ten
         _, cfg = load_raw_config(Path(args[0]).resolve(), args[1:])
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
@@ -171,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    workers = max(1, cfg.searcher.max_concurrent_trials or 1)
+    workers = worker_count(cfg)
     with (
         # Without a cluster named, its workers start while Prefect's server does.
         contextlib.nullcontext()
@@ -182,7 +287,20 @@ def main(argv: list[str] | None = None) -> int:
         temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
     ):
         try:
-            result = experiment(args[0], args[1:])
+            start_shielded_prefect_server()
+            state: Any = experiment(
+                args[0], args[1:], experiment_key=experiment_key, return_state=True
+            )
+        except KeyboardInterrupt:
+            print(
+                "stopped at once (second signal): no checkpoint; runs ended KILLED", file=sys.stderr
+            )
+            return 130
+        if state.is_cancelled():  # stopped on request: the message says how to continue
+            print(state.message, file=sys.stderr)
+            return 130
+        try:
+            result = state.result()
         except Exception as err:  # the flow run's log above has the details
             print(f"error: experiment failed: {err}", file=sys.stderr)
             return 1

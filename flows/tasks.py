@@ -88,13 +88,19 @@ def validate(trial: TrialRef, after: StepResult) -> StepResult:
 
 
 @task(name="checkpoint", retry_delay_seconds=1, cache_policy=NO_CACHE)
-def checkpoint(trial: TrialRef, after: StepResult, release: bool = False) -> StepResult:
+def checkpoint(
+    trial: TrialRef, after: StepResult, release: bool = False, stopped_as: str | None = None
+) -> StepResult:
     """Checkpoint the trial at the position ``after`` left it; ``release``: end the held
-    trial afterwards (its last segment). Carries the validation forward."""
+    trial afterwards (its last segment, or ``stopped_as`` PAUSED/CANCELED: stopped on
+    request, its run then ends KILLED). Carries the validation forward."""
     if not trial.holdable:
         return after
     at = after.position
-    result = submit_step(trial.request("checkpoint", at, at, release), after.worker, trial.gpus)
+    request = dataclasses.replace(
+        trial.request("checkpoint", at, at, release), stopped_as=stopped_as
+    )
+    result = submit_step(request, after.worker, trial.gpus)
     _log(trial, "checkpoint at batch", result, result.checkpoint)
     return dataclasses.replace(result, validation=after.validation)
 

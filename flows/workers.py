@@ -11,9 +11,15 @@ Trials that cannot be held in one process (script entrypoints, ``slots_per_trial
 train a whole segment per step in a ``det-tasks run`` process the worker starts (which
 launches the torchrun/horovodrun world for multi-slot trials).
 
-Recycling: a worker process restarts (Dask's Nanny brings up a fresh one) after it has
-built ``DET_TASKS_WORKER_MAX_TRIALS`` trials (default 16), at the moment it releases one, so
-leaks in user code cannot accumulate and no trial is interrupted by it.
+Recycling: once a worker has built ``DET_TASKS_WORKER_MAX_TRIALS`` trials (default 16) and
+holds none, its step results say so (``recycle_due``) and the flow restarts it through
+Dask's Nanny (``flows.engine.recycle``) before it places another step: leaks in user code
+cannot accumulate, and no step is ever pinned to a worker that is going away (a worker that
+restarted itself under a pinned step left that step in Dask's ``no-worker`` state for good).
+
+Stopping: ``request_stop`` (run on every worker through ``Client.run``) sets the held
+trial's preemption event when it belongs to the experiment being stopped; the training loop
+sees it at its next batch boundary, and the train step returns early with ``preempted``.
 """
 
 from __future__ import annotations
@@ -28,13 +34,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from distributed import Worker, WorkerPlugin, get_worker
 
-from det_tasks.errors import EXIT_INVALID_HP, InvalidHP
+from det_tasks.errors import EXIT_INVALID_HP, InvalidHP, TrialStopped
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
 from registry.checkpoints import checkpoint_records
@@ -47,13 +54,18 @@ __all__ = [
     "StepRequest",
     "StepResult",
     "TrialFailed",
+    "STOP_MODES",
+    "forget_stop",
     "release_all",
+    "request_stop",
     "resume_candidates",
     "run_step",
 ]
 
 PLUGIN_NAME = "det-tasks-held-trial"
 STEP_KINDS = ("train", "validate", "checkpoint", "segment", "release")
+# Determined's verbs: pause and cancel checkpoint at the stop batch, kill does not.
+STOP_MODES = ("pause", "cancel", "kill")
 
 
 class TrialFailed(RuntimeError):
@@ -76,6 +88,7 @@ class StepRequest:
     package: str | None = None  # s3://.../packages/<sha>.tar.gz: unpacked on the worker
     config_yaml: str | None = None  # with a package: the experiment config's text
     release_after: bool = False  # end the held trial (its MLflow run) after this step
+    stopped_as: str | None = None  # with release_after: end its run KILLED, det.state this
     experiment_best: float | None = None  # checkpoint_policy best: the experiment's best so far
 
     def __post_init__(self) -> None:
@@ -98,6 +111,8 @@ class StepResult:
     checkpoint: str | None = None
     stop_requested: bool = False
     invalid_hp: str | None = None  # the trial raised det.InvalidHP: the searcher drops it
+    preempted: str | None = None  # a train step cut short by request_stop: its mode
+    recycle_due: bool = False  # the worker holds nothing and has built its share of trials
 
 
 def resume_candidates(
@@ -134,6 +149,20 @@ class HeldTrialPlugin(WorkerPlugin):
         self.built = 0
         self.packages: dict[str, Path] = {}
         self.worker: Worker | None = None
+        # The held trial's stop request: set from the worker's event loop (Client.run),
+        # read by the training thread at batch boundaries.
+        self.preemption = threading.Event()
+        self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to each worker by the client: everything but the (per-process) event."""
+        state = dict(self.__dict__)
+        state.pop("preemption", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.preemption = threading.Event()
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
@@ -166,6 +195,7 @@ class HeldTrialPlugin(WorkerPlugin):
     def release(self, error: BaseException | None = None) -> None:
         """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
         held, self.held = self.held, None
+        self.preemption.clear()
         if held is None:
             return
         try:
@@ -174,8 +204,20 @@ class HeldTrialPlugin(WorkerPlugin):
             del held
             gc.collect()
             _empty_cuda_cache()
-            if self.built >= self.max_trials and self.worker is not None:
-                self._recycle(self.worker)
+
+    @property
+    def recycle_due(self) -> bool:
+        return self.held is None and self.built >= self.max_trials
+
+    def stop(self, experiment_key: str, mode: str) -> bool:
+        """Ask the held trial to stop at its next batch boundary if it is the experiment's;
+        True if it is."""
+        self.stop_modes[experiment_key] = mode
+        held = self.held
+        if held is not None and held.spec.experiment_run_key == experiment_key:
+            self.preemption.set()
+            return True
+        return False
 
     def local_spec(self, request: StepRequest) -> TrialSpec:
         """The trial spec with paths on this worker: a model package is downloaded and
@@ -193,10 +235,6 @@ class HeldTrialPlugin(WorkerPlugin):
             config.write_text(text, encoding="utf-8")
         return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
 
-    @staticmethod
-    def _recycle(worker: Worker) -> None:
-        worker.loop.add_callback(worker.close_gracefully, restart=True)
-
 
 def run_step(request: StepRequest) -> StepResult:
     """Run one step on this worker (the function the flow's tasks submit to Dask)."""
@@ -212,8 +250,8 @@ def run_step(request: StepRequest) -> StepResult:
     if request.kind == "release":
         held = plugin.held
         if held is not None and held.spec.key == spec.key and held.position == request.stop:
-            plugin.release()
-        return _result(worker, request.stop or 0, True, started)
+            plugin.release(_stopped(request))
+        return _result(worker, request.stop or 0, True, started, recycle_due=plugin.recycle_due)
     if request.kind == "segment":
         return _segment(worker, request, spec, started)
     try:
@@ -225,7 +263,11 @@ def run_step(request: StepRequest) -> StepResult:
         validation, uri = None, None
         if request.kind == "train":
             trial.set_experiment_best(request.experiment_best)
-            trial.train_to(_bound(request.stop, trial))
+            key = spec.experiment_run_key or ""
+            plugin.preemption.clear()
+            if key in plugin.stop_modes:  # asked to stop before (or as) this step began
+                plugin.preemption.set()
+            trial.train_to(_bound(request.stop, trial), plugin.preemption)
         elif request.kind == "validate":
             validation = trial.validate()
         else:
@@ -239,6 +281,7 @@ def run_step(request: StepRequest) -> StepResult:
             validation=validation,
             checkpoint=uri,
             stop_requested=trial.stop_requested,
+            preempted=_preempted(plugin, spec) if request.kind == "train" else None,
         )
     except InvalidHP as err:
         plugin.release()  # dropped by the searcher, not failed
@@ -247,21 +290,57 @@ def run_step(request: StepRequest) -> StepResult:
         plugin.release(err)
         raise
     if request.release_after:
-        plugin.release()
+        plugin.release(_stopped(request))
+        return dataclasses.replace(result, recycle_due=plugin.recycle_due)
     return result
+
+
+def _preempted(plugin: HeldTrialPlugin, spec: TrialSpec) -> str | None:
+    if not plugin.preemption.is_set():
+        return None
+    return plugin.stop_modes.get(spec.experiment_run_key or "", "kill")
+
+
+def _stopped(request: StepRequest) -> TrialStopped | None:
+    """The reason a released trial's run ends KILLED, when it was stopped on request."""
+    return TrialStopped(request.stopped_as) if request.stopped_as else None
+
+
+def request_stop(experiment_key: str, mode: str, *, dask_worker: Worker) -> bool:
+    """Stop the experiment's trial held on this worker at its next batch boundary
+    (``Client.run`` passes ``dask_worker``); later train steps of the experiment stop at
+    once. True if this worker held one of its trials."""
+    if mode not in STOP_MODES:
+        raise ValueError(f"stop mode must be one of {STOP_MODES}, got {mode!r}")
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    if not isinstance(plugin, HeldTrialPlugin):
+        return False
+    return plugin.stop(experiment_key, mode)
+
+
+def forget_stop(experiment_key: str, *, dask_worker: Worker) -> None:
+    """The experiment is active again (activate): its trials train on this worker."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    if isinstance(plugin, HeldTrialPlugin):
+        plugin.stop_modes.pop(experiment_key, None)
 
 
 def _bound(stop: int | None, trial: HeldTrial) -> int:
     return trial.max_batches if stop is None else stop
 
 
-def release_all(dask_worker: Worker) -> int:
-    """End whatever trial this worker holds (``client.run`` passes ``dask_worker``, at the
-    end of an experiment); returns the number released."""
+def release_all(
+    experiment_key: str | None = None, stopped_as: str | None = None, *, dask_worker: Worker
+) -> int:
+    """End the trial this worker holds (``client.run`` passes ``dask_worker``, at the end
+    of an experiment): any, or only ``experiment_key``'s; ``stopped_as`` ends its run KILLED
+    with that state. Returns the number released."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     if not isinstance(plugin, HeldTrialPlugin) or plugin.held is None:
         return 0
-    plugin.release()
+    if experiment_key is not None and plugin.held.spec.experiment_run_key != experiment_key:
+        return 0
+    plugin.release(TrialStopped(stopped_as) if stopped_as else None)
     return 1
 
 

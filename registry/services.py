@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from det_tasks.errors import TrialStopped
 from det_tasks.launch import RunServices
 from registry import s3 as s3_lib
 from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore
@@ -23,7 +24,7 @@ from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
-from registry.tracking import ExperimentRuns, client_for, mlflow_link
+from registry.tracking import STATE_TAG, ExperimentRuns, client_for, mlflow_link
 
 __all__ = [
     "ERROR_TAG",
@@ -87,6 +88,7 @@ def trial_services(
         client, experiment_name, experiment_run_key or uuid_lib.uuid4().hex, raw_config
     )
     run_id = runs.trial_run(trial_id, hparams, trial_run_tags(raw_config, model_dir, seed))
+    runs.reopen(run_id)  # a promoted or activated trial continues its own run
     s3 = s3_lib.client(settings.s3_endpoint)
     sink = MlflowMetricsSink(client, run_id, spill_dir=settings.cache_dir / "spill" / run_id)
     store = S3CheckpointStore(
@@ -110,6 +112,10 @@ def trial_services(
             run_url=link,
         )
         status = "FINISHED"
+    except TrialStopped as stopped:  # a pause, cancel or kill: not a failure
+        status = "KILLED"
+        client.set_tag(run_id, STATE_TAG, stopped.state)
+        raise
     except BaseException as err:
         error = err
         raise

@@ -20,6 +20,9 @@ from registry.settings import RegistrySettings
 
 __all__ = [
     "EXPERIMENT_KIND_TAG",
+    "EXPERIMENT_RUN_TAG",
+    "HEARTBEAT_TAG",
+    "STATE_TAG",
     "TRIAL_TAG",
     "ExperimentRuns",
     "client_for",
@@ -30,6 +33,10 @@ __all__ = [
 
 TRIAL_TAG = "det.trial_id"
 EXPERIMENT_RUN_TAG = "det.experiment_run"
+# Why a run ended or what it is doing, in Determined's words (ACTIVE, PAUSED, CANCELED):
+# MLflow's statuses cannot say "paused" (a paused run is KILLED with det.state PAUSED).
+STATE_TAG = "det.state"
+HEARTBEAT_TAG = "det.heartbeat"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow 3.17's UI opens an experiment without this tag in its GenAI (traces) view; ours are
 # model-training experiments, whose page is the runs table.
@@ -109,7 +116,17 @@ class ExperimentRuns:
         return run_id
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        if status == "FINISHED":
+            self.client.set_tag(run_id, STATE_TAG, "COMPLETED")
         _retry(lambda: self.client.set_terminated(run_id, status=status))
+
+    def reopen(self, run_id: str) -> None:
+        """Mark a run that ended (a paused, promoted or activated trial, an activated
+        experiment) RUNNING again, as it continues; its end time is cleared by the next end."""
+        run = self.client.get_run(run_id)
+        if run.info.status != "RUNNING":
+            _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+            self.client.set_tag(run_id, STATE_TAG, "ACTIVE")
 
     def _find(self, tags: dict[str, str]) -> str | None:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

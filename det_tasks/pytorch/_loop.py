@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -94,6 +95,9 @@ class TrialController:
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
         self._next_boundary = 0  # batch count before which _at_boundaries has nothing to do
+        # Set from another thread (a pause, cancel or Ctrl-C) to stop at the next batch
+        # boundary: one attribute read per batch, as Determined polls preemption.
+        self.preemption: threading.Event | None = None
         self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
@@ -152,7 +156,9 @@ class TrialController:
                 if profiler is not None:
                     profiler.step()
                 self._at_boundaries()
-                if self.context._stop_requested:
+                if self.context._stop_requested or (
+                    self.preemption is not None and self.preemption.is_set()
+                ):
                     break
 
     def validate_now(self) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -158,16 +159,21 @@ class HeldTrial:
         checkpoints a validation only when it beats it (Determined's rule under a search)."""
         self._controller.experiment_best = value
 
-    def train_to(self, batches: int) -> int:
-        """Train until ``batches`` in total (or until the trial asks to stop); returns the
-        position reached. Periodic validations and checkpoints happen on the way."""
+    def train_to(self, batches: int, preemption: threading.Event | None = None) -> int:
+        """Train until ``batches`` in total (or until the trial asks to stop, or
+        ``preemption`` is set: then at the next batch boundary); returns the position
+        reached. Periodic validations and checkpoints happen on the way."""
         if batches < self.position:
             raise ValueError(
                 f"trial {self.spec.trial_id} is at batch {self.position}, past {batches}: "
                 "restore an earlier checkpoint to go back"
             )
-        with self._step():
-            self._controller.train_until(batches)
+        self._controller.preemption = preemption
+        try:
+            with self._step():
+                self._controller.train_until(batches)
+        finally:
+            self._controller.preemption = None
         return self.position
 
     def validate(self) -> dict[str, Any] | None:

@@ -1,0 +1,129 @@
+"""How a running experiment learns that it must stop, and in which of Determined's ways.
+
+Every way in ends in one ``StopControl.request(mode)``:
+- Ctrl-C (SIGINT) or SIGTERM on the flow's process: ``pause`` (checkpoint, continue later),
+  or ``cancel`` when Prefect is cancelling the flow run (its process worker cancels by
+  SIGTERM); a second signal stops at once (``kill``: no checkpoint);
+- ``det experiment pause|cancel|kill`` (flows.lifecycle): sets the key
+  ``["det-tasks-stop", <experiment key>]`` in the Dask scheduler's metadata store
+  (``Client.set_metadata``), which the flow reads at each wake-up (about once a second).
+
+The flow then passes the request to its trials' workers (``flows.engine.stop_everywhere``),
+where the training loop sees it at its next batch boundary. While it runs, the flow also
+beats on its MLflow parent run, so a flow that dies without a word is found
+(registry.run_states).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from distributed import Client
+
+from flows.workers import forget_stop
+from registry.run_states import HEARTBEAT_S, heartbeat
+
+__all__ = ["STOP_STATES", "StopControl", "stop_metadata_key"]
+
+# What each mode leaves the experiment and its trials as (Determined's states).
+STOP_STATES = {"pause": "PAUSED", "cancel": "CANCELED", "kill": "CANCELED"}
+_logger = logging.getLogger(__name__)
+
+
+def stop_metadata_key(experiment_key: str) -> list[str]:
+    """Where a stop request for the experiment waits in the scheduler's metadata."""
+    return ["det-tasks-stop", experiment_key]
+
+
+class StopControl:
+    """The experiment's stop request (None while it runs), from signals or the ``det``
+    command, and the flow's heartbeat."""
+
+    def __init__(
+        self,
+        client: Client,
+        experiment_key: str,
+        mlflow: Any,
+        parent_run_id: str,
+        cancelling: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.client = client
+        self.experiment_key = experiment_key
+        self.mode: str | None = None
+        self.signals = 0
+        self._mlflow, self._parent = mlflow, parent_run_id
+        self._cancelling = cancelling
+        self._last_beat = 0.0
+        self._pending: str | None = None  # set by a signal handler, acted on by poll()
+
+    @property
+    def state(self) -> str | None:
+        """PAUSED or CANCELED once a stop was requested."""
+        return STOP_STATES[self.mode] if self.mode else None
+
+    def request(self, mode: str) -> bool:
+        """Record a stop request; True if it changes what happens (kill overrides the
+        others; a second pause or cancel changes nothing)."""
+        if mode not in STOP_STATES:
+            raise ValueError(f"stop mode must be one of {sorted(STOP_STATES)}, got {mode!r}")
+        if self.mode == mode or (self.mode == "kill"):
+            return False
+        self.mode = mode
+        return True
+
+    def poll(self) -> str | None:
+        """A new stop request since the last poll (from a signal or the Dask variable), or
+        None; beats the heartbeat when it is due."""
+        now = time.time()
+        if now - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = now
+            with contextlib.suppress(Exception):  # a missed beat is retried next time
+                heartbeat(self._mlflow, self._parent, now)
+        pending, self._pending = self._pending, None
+        if pending == "term":  # Prefect's worker cancels a flow run by SIGTERM
+            pending = "cancel" if self._cancelling() else "pause"
+        if pending is None:
+            with contextlib.suppress(Exception):
+                value = self.client.get_metadata(stop_metadata_key(self.experiment_key), None)
+                if isinstance(value, str) and value in STOP_STATES and value != self.mode:
+                    pending = value
+        if pending is not None and self.request(pending):
+            return pending
+        return None
+
+    def clear(self) -> None:
+        """Forget a stop request left on the scheduler (an activated experiment runs)."""
+        with contextlib.suppress(Exception):
+            self.client.set_metadata(stop_metadata_key(self.experiment_key), None)
+        with contextlib.suppress(Exception):
+            self.client.run(forget_stop, self.experiment_key)
+
+    @contextlib.contextmanager
+    def signals_handled(self) -> Iterator[None]:
+        """SIGINT and SIGTERM ask for a graceful stop; the second one stops at once.
+        Only the main thread can install handlers; elsewhere nothing changes."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def handle(signum: int, frame: Any) -> None:
+            self.signals += 1
+            if self.signals > 1:
+                self._pending = "kill"
+                raise KeyboardInterrupt  # at once: the flow's cleanup still ends the runs
+            self._pending = "term" if signum == signal.SIGTERM else "pause"
+
+        for sig in previous:
+            signal.signal(sig, handle)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

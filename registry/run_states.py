@@ -1,0 +1,68 @@
+"""How an experiment's MLflow runs end when it is stopped rather than finished, and how runs
+whose flow died without a word (SIGKILL, a lost host) are found and ended.
+
+A flow stamps its parent run with a heartbeat (``det.heartbeat``, epoch seconds) while it
+runs. A RUNNING parent whose heartbeat is older than ``ORPHAN_AFTER_S`` has no flow behind
+it: ``end_orphans`` marks it and its RUNNING trial runs KILLED (``det.state`` ORPHANED).
+Every experiment start and every ``det experiment list`` sweeps, so an orphan is ended by
+the next command that looks, and never shows RUNNING for longer than that.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from registry.tracking import HEARTBEAT_TAG, PARENT_TAG, STATE_TAG, _retry
+
+__all__ = ["ORPHAN_AFTER_S", "end_orphans", "end_running_runs", "heartbeat"]
+
+# The flow beats every HEARTBEAT_S; three missed beats mean nobody is behind the run.
+HEARTBEAT_S = 15.0
+ORPHAN_AFTER_S = 60.0
+
+
+def heartbeat(client: Any, parent_run_id: str, now: float | None = None) -> None:
+    """Say the experiment's flow is alive (one tag write)."""
+    client.set_tag(parent_run_id, HEARTBEAT_TAG, f"{time.time() if now is None else now:.0f}")
+
+
+def end_running_runs(
+    client: Any, experiment_id: str, parent_run_id: str, state: str, status: str = "KILLED"
+) -> int:
+    """End the parent and every trial run of it still RUNNING: ``status`` (KILLED for a
+    stop, FAILED for an error), ``det.state`` = ``state``. Returns how many runs it ended."""
+    trials = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'",
+        max_results=10000,
+    )
+    ended = 0
+    for run_id in [t.info.run_id for t in trials] + [parent_run_id]:
+        run = client.get_run(run_id)
+        if run.info.status != "RUNNING":
+            continue
+        client.set_tag(run_id, STATE_TAG, state)
+        _retry(lambda rid=run_id: client.set_terminated(rid, status=status))
+        ended += 1
+    return ended
+
+
+def end_orphans(client: Any, experiment_ids: list[str], now: float | None = None) -> list[str]:
+    """End every experiment run in ``experiment_ids`` whose flow stopped beating; returns
+    their parent run ids."""
+    if not experiment_ids:
+        return []
+    now = time.time() if now is None else now
+    parents = client.search_runs(
+        experiment_ids,
+        filter_string=f"attributes.status = 'RUNNING' and tags.`{HEARTBEAT_TAG}` != ''",
+        max_results=1000,
+    )
+    ended = []
+    for parent in parents:
+        beat = float(parent.data.tags.get(HEARTBEAT_TAG) or 0)
+        if now - beat > ORPHAN_AFTER_S:
+            end_running_runs(client, parent.info.experiment_id, parent.info.run_id, "ORPHANED")
+            ended.append(parent.info.run_id)
+    return ended

@@ -1,0 +1,167 @@
+"""How the no-server experiment scales with its number of trials (issue 30: 64 trials never
+finished once workers recycled themselves after 16).
+
+Embedded experiments (`python -m flows.experiment`, no servers: ephemeral Prefect server,
+MLflow SQLite store, local Dask cluster) of the flow tests' XOR trial, random search, trials
+of 2 batches, 2 at a time, default settings (workers recycled after 16 trials each), run in
+one go so the figures sit side by side:
+
+- wall: the whole command, Prefect server start and shutdown included;
+- flow body / trial: from the flow's own log, "N trial(s) to start" to "summary:", per trial;
+- marginal / trial: (wall - the 1-trial experiment's wall) / (N - 1);
+- the MLflow SQLite file and the Prefect database (with its WAL) at the end;
+- peak RSS of the whole process tree (flow, Prefect server, Dask scheduler and workers).
+
+    python bench/scale.py [--trials 16 64 256] [--with-1024] [--timeout 3600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flow_latency import ROOT, _no_server_env  # a sibling script, not a package
+
+CONFIG = ROOT / "tests" / "fixtures" / "flow_model" / "recycling.yaml"
+# recycling.yaml is random search, 2 batches per trial, 2 at a time; only the count varies.
+STAMP = re.compile(r"^(\d\d:\d\d:\d\d\.\d+) \|")
+START, END = "trial(s) to start", "summary:"
+
+
+@dataclasses.dataclass
+class Run:
+    trials: int
+    wall_s: float
+    body_s: float | None  # the flow's first to last line of its own work
+    mlflow_db_mb: float
+    prefect_db_mb: float
+    peak_rss_mb: float
+    returncode: int
+
+
+def run_experiment(trials: int, timeout_s: float) -> tuple[Run, str]:
+    """One embedded experiment of ``trials`` trials in a fresh home; its figures and its
+    stderr (the flow's log)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        env = {**_no_server_env(home), "PYTHONPATH": str(ROOT)}
+        args = [sys.executable, "-m", "flows.experiment", str(CONFIG)]
+        args.append(f"searcher.max_trials={trials}")
+        log = home / "stderr.txt"
+        t0 = time.perf_counter()
+        with log.open("w") as err:
+            child = subprocess.Popen(args, cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            peak = _watch(child, t0 + timeout_s)
+        wall = time.perf_counter() - t0
+        text = log.read_text(errors="replace")
+        run = Run(
+            trials=trials,
+            wall_s=wall,
+            body_s=_body_seconds(text),
+            mlflow_db_mb=_size_mb(home / "det", "mlflow.db*"),
+            prefect_db_mb=_size_mb(home / "prefect", "*.db*"),
+            peak_rss_mb=peak / 2**20,
+            returncode=child.returncode,
+        )
+    return run, text
+
+
+def _watch(child: subprocess.Popen[bytes], deadline: float) -> int:
+    """Wait for ``child`` (killing its tree at ``deadline``); the peak RSS of its tree."""
+    parent = psutil.Process(child.pid)
+    peak = 0
+    while child.poll() is None:
+        tree = [parent, *_children(parent)]
+        peak = max(peak, sum(_rss(p) for p in tree))
+        if time.perf_counter() > deadline:
+            for proc in reversed(tree):
+                _kill(proc)
+            child.wait()
+            break
+        time.sleep(0.5)
+    return peak
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _rss(proc: psutil.Process) -> int:
+    try:
+        return int(proc.memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+def _kill(proc: psutil.Process) -> None:
+    try:
+        proc.kill()
+    except psutil.Error:
+        pass
+
+
+def _body_seconds(log: str) -> float | None:
+    """Seconds from the flow's "N trial(s) to start" line to its "summary:" line."""
+    start = end = None
+    for line in log.splitlines():
+        match = STAMP.match(line)
+        if match and START in line and start is None:
+            start = datetime.strptime(match.group(1), "%H:%M:%S.%f")
+        elif match and END in line:
+            end = datetime.strptime(match.group(1), "%H:%M:%S.%f")
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds() % 86400  # across midnight too
+
+
+def _size_mb(folder: Path, pattern: str) -> float:
+    return sum(f.stat().st_size for f in folder.glob(pattern)) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--with-1024", action="store_true", help="also 1,024 trials")
+    parser.add_argument("--timeout", type=float, default=3600, help="per experiment, s")
+    args = parser.parse_args()
+    counts = [*args.trials, *([1024] if args.with_1024 else [])]
+    machine = f"{platform.node()} ({os.cpu_count()} CPUs), load {os.getloadavg()}"
+    base, _ = run_experiment(1, args.timeout)
+    rows = [base]
+    for n in counts:
+        run, log = run_experiment(n, args.timeout)
+        rows.append(run)
+        if run.returncode != 0:
+            print(f"{n} trials: exit {run.returncode}\n{log[-3000:]}", file=sys.stderr)
+    print(
+        f"{'trials':>6} {'exit':>4} {'wall s':>8} {'body/trial s':>12} {'marginal/trial s':>16}"
+        f" {'mlflow MB':>9} {'prefect MB':>10} {'peak RSS MB':>11}"
+    )
+    for r in rows:
+        body = f"{r.body_s / r.trials:.2f}" if r.body_s is not None else "-"
+        marginal = f"{(r.wall_s - base.wall_s) / (r.trials - 1):.2f}" if r.trials > 1 else "-"
+        print(
+            f"{r.trials:>6} {r.returncode:>4} {r.wall_s:>8.1f} {body:>12} {marginal:>16}"
+            f" {r.mlflow_db_mb:>9.1f} {r.prefect_db_mb:>10.1f} {r.peak_rss_mb:>11.0f}"
+        )
+    print(json.dumps({"machine": machine, "runs": [dataclasses.asdict(r) for r in rows]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -32,17 +32,17 @@ def use_embedded_defaults() -> dict[str, str]:
 
 
 def start_shielded_prefect_server() -> None:
-    """Start Prefect's ephemeral server now, with SIGINT and SIGTERM blocked while it is
-    spawned: the child keeps that mask, so a terminal's Ctrl-C (sent to the whole
+    """Start Prefect's ephemeral server now, with SIGINT blocked while it is spawned: the
+    child keeps that mask, so a terminal's Ctrl-C (sent to the whole
     foreground process group) stops the experiment gracefully instead of killing the API
     the flow still needs to record its stop. The flow's own process unblocks at once and
-    reuses this server (Prefect keeps one per process). No-op with PREFECT_API_URL set."""
+    reuses this server (Prefect keeps one per process), and stops it by SIGTERM at exit.
+    No-op with PREFECT_API_URL set."""
     if os.environ.get("PREFECT_API_URL"):
         return
     from prefect.client.orchestration import get_client
 
-    shielded = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, shielded)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with get_client(sync_client=True) as client:
             client.api_healthcheck()

@@ -277,31 +277,38 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
     client = default_client()
     future = _submit(client, request, worker, gpus)
     stranded_since: float | None = None
-    while True:
-        try:
-            result: StepResult = future.result(timeout=WATCH_INTERVAL_S)
-            return result
-        except TimeoutError:
-            pass
-        state, restrictions = _task_state(client, future.key)
-        if state != "no-worker":
-            stranded_since = None
-            continue
-        if restrictions:  # pinned to a worker that is gone: any worker may restore it
-            future.cancel()
-            future = _submit(client, request, None, gpus)
-            continue
-        now = time.monotonic()
-        stranded_since = stranded_since or now
-        if now - stranded_since >= STRANDED_AFTER_S:
-            future.cancel()
-            workers = len(client.scheduler_info(n_workers=-1)["workers"])
-            need = f" with GPU={gpus}" if gpus else ""
-            raise StepStranded(
-                f"step {request.kind} of trial {request.trial.trial_id} (batches "
-                f"{request.start}..{request.stop}) found no worker{need} to run it for "
-                f"{STRANDED_AFTER_S:.0f} s; the cluster has {workers} worker(s)"
-            )
+    try:
+        while True:
+            try:
+                result: StepResult = future.result(timeout=WATCH_INTERVAL_S)
+                return result
+            except TimeoutError:
+                pass
+            state, restrictions = _task_state(client, future.key)
+            if state != "no-worker":
+                stranded_since = None
+                continue
+            if restrictions:  # pinned to a worker that is gone: any worker may restore it
+                future.cancel()
+                future.release()
+                future = _submit(client, request, None, gpus)
+                continue
+            now = time.monotonic()
+            stranded_since = stranded_since or now
+            if now - stranded_since >= STRANDED_AFTER_S:
+                future.cancel()
+                workers = len(client.scheduler_info(n_workers=-1)["workers"])
+                need = f" with GPU={gpus}" if gpus else ""
+                raise StepStranded(
+                    f"step {request.kind} of trial {request.trial.trial_id} (batches "
+                    f"{request.start}..{request.stop}) found no worker{need} to run it for "
+                    f"{STRANDED_AFTER_S:.0f} s; the cluster has {workers} worker(s)"
+                )
+    finally:
+        # Released at once: a result kept alive (a timed-out wait's traceback holds a
+        # future until the next garbage collection) is "lost" when its worker is recycled,
+        # and Dask would recompute the step outside the flow, rebuilding a finished trial.
+        future.release()
 
 
 def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int) -> Any:

@@ -128,7 +128,7 @@ def _run_experiment(
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
-    runs.reopen(runs.parent_run_id)  # an activated (or resumed) experiment runs again
+    activated = runs.reopen(runs.parent_run_id)  # an activated experiment runs again
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
     finished = searcher.finished()
@@ -158,7 +158,8 @@ def _run_experiment(
             Placement(client),
         )
         stop = StopControl(client, run_key, mlflow, runs.parent_run_id, _prefect_cancelling)
-        stop.clear()  # a request left from before an activate is spent
+        if activated:
+            stop.clear()  # the request that paused it is spent
         try:
             with stop.signals_handled():
                 best = trials.run(todo, searcher, limit, stop)

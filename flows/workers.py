@@ -24,12 +24,14 @@ sees it at its next batch boundary, and the train step returns early with ``pree
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -166,6 +168,10 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
+        # A terminal's Ctrl-C reaches the whole process group, embedded workers included;
+        # the flow decides how its trials stop (checkpoint first), so workers ignore it.
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to change
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
 
     def teardown(self, worker: Worker) -> None:

@@ -13,9 +13,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from registry.tracking import HEARTBEAT_TAG, PARENT_TAG, STATE_TAG, _retry
+from registry.settings import RegistrySettings
+from registry.tracking import (
+    EXPERIMENT_RUN_TAG,
+    HEARTBEAT_TAG,
+    PARENT_TAG,
+    STATE_TAG,
+    _retry,
+    client_for,
+)
 
-__all__ = ["ORPHAN_AFTER_S", "end_orphans", "end_running_runs", "heartbeat"]
+__all__ = [
+    "ORPHAN_AFTER_S",
+    "end_orphans",
+    "end_running_runs",
+    "heartbeat",
+    "mark_experiment_state",
+]
 
 # The flow beats every HEARTBEAT_S; three missed beats mean nobody is behind the run.
 HEARTBEAT_S = 15.0
@@ -66,3 +80,30 @@ def end_orphans(client: Any, experiment_ids: list[str], now: float | None = None
             end_running_runs(client, parent.info.experiment_id, parent.info.run_id, "ORPHANED")
             ended.append(parent.info.run_id)
     return ended
+
+
+def mark_experiment_state(experiment_key: str, state: str) -> int:
+    """Record ``state`` on a stopped experiment's parent run and on its trial runs that
+    ended KILLED (a paused experiment cancelled: nothing runs to do it); the count."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        return 0
+    client = client_for(settings.tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    parents = client.search_runs(
+        experiments, filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{experiment_key}'"
+    )
+    marked = 0
+    for parent in parents:
+        trials = client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+            max_results=10000,
+        )
+        for run in [parent, *trials]:
+            if run.info.status in ("KILLED", "RUNNING"):
+                client.set_tag(run.info.run_id, STATE_TAG, state)
+                if run.info.status == "RUNNING":
+                    client.set_terminated(run.info.run_id, status="KILLED")
+                marked += 1
+    return marked

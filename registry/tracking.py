@@ -120,13 +120,15 @@ class ExperimentRuns:
             self.client.set_tag(run_id, STATE_TAG, "COMPLETED")
         _retry(lambda: self.client.set_terminated(run_id, status=status))
 
-    def reopen(self, run_id: str) -> None:
+    def reopen(self, run_id: str) -> bool:
         """Mark a run that ended (a paused, promoted or activated trial, an activated
-        experiment) RUNNING again, as it continues; its end time is cleared by the next end."""
+        experiment) RUNNING again, as it continues; True if it had ended."""
         run = self.client.get_run(run_id)
-        if run.info.status != "RUNNING":
-            _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
-            self.client.set_tag(run_id, STATE_TAG, "ACTIVE")
+        if run.info.status == "RUNNING":
+            return False
+        _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+        self.client.set_tag(run_id, STATE_TAG, "ACTIVE")
+        return True
 
     def _find(self, tags: dict[str, str]) -> str | None:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from det_tasks import checkpoint_format as ckpt
+from det_tasks import plugins
 from det_tasks.checkpoint_spec import read_load_data, trial_class_spec
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._context import (
@@ -67,6 +68,11 @@ class _LoadExperimentalContext(PyTorchExperimentalContext):
         """Inference from a checkpoint runs the model as written: no autocast, no scaler."""
 
 
+# Entry points run before a checkpoint's code is imported (pyproject.toml names
+# det_tasks.compat:install, which serves ``import determined``).
+IMPORT_LAYERS = "det_tasks.import_layers"
+
+
 def load_trial_from_checkpoint_path(
     path: str | Path,
     trial_class: type | None = None,
@@ -102,6 +108,10 @@ def load_trial_from_checkpoint_path(
                     UserWarning,
                     stacklevel=2,
                 )
+            if prepare_imports is None:  # the installed layer (det_tasks.compat), found
+                # through its entry point: this package never imports it (it is built from
+                # this one), yet Determined's own code loads here unchanged
+                prepare_imports = plugins.load_one(IMPORT_LAYERS, "determined")
             if prepare_imports is not None:
                 prepare_imports()
             trial_class = _import_trial_class(directory, load_data)

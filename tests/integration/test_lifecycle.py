@@ -1,0 +1,147 @@
+"""Stopping and continuing an experiment as a user does: Ctrl-C on ``python -m
+flows.experiment`` (SIGINT to the terminal's whole process group) checkpoints every trial
+at its stop batch, ends every run KILLED with det.state PAUSED and leaves no process; the
+printed ``--activate KEY`` continues the same runs to weights bit-equal to a run that never
+stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.helpers import env_without_platform
+
+REPO = Path(__file__).resolve().parents[2]
+FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
+CONFIG = FLOW_MODEL / "killable.yaml"  # one trial, 120 batches, checkpoints every 30
+SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop it midway
+
+
+def _env(home: Path) -> dict[str, str]:
+    return env_without_platform(
+        DET_TASKS_HOME=str(home / "det"),
+        PREFECT_HOME=str(home / "prefect"),
+        PYTHONPATH=str(REPO),
+    )
+
+
+def _experiment(home: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(CONFIG), SLOW_BATCHES, *args],
+        cwd=home,
+        env=_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+
+def _group_alive(pgid: int) -> list[str]:
+    """Processes of the group still alive (an exited, not yet reaped one is not)."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [" ".join(r) for r in rows if r[0] == str(pgid) and not r[1].startswith("Z")]
+
+
+def _runs(home: Path) -> list:
+    from registry.tracking import client_for
+
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("flow-killable")
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id])
+
+
+def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mlflow")
+    from det_tasks import pytorch
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    pid_file = tmp_path / "pids"
+    proc = _experiment(tmp_path, f"data.pid_file={pid_file}")
+    deadline = time.monotonic() + 300
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), proc.communicate()[1][-3000:]
+    time.sleep(4)  # some batches in, between two periodic checkpoints or past one
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired as late:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"still running 120 s after Ctrl-C:\n{late.stderr!r:.6000}") from None
+    took = time.monotonic() - signalled
+    assert proc.returncode == 130, stderr[-3000:]
+    assert took <= 30, f"exit took {took:.1f} s"
+    time.sleep(1)
+    assert _group_alive(proc.pid) == []
+
+    match = re.search(r"--activate ([0-9a-f-]{36})", stderr)
+    assert match, stderr[-2000:]
+    key = match.group(1)
+    runs = _runs(tmp_path)
+    assert {r.info.status for r in runs} == {"KILLED"}
+    assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
+    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
+    stopped_at = int(trial.data.metrics["progress/batches"])
+    steps = [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)]
+    assert 0 < stopped_at < 120
+    assert steps[-1] == stopped_at  # the checkpoint was taken at the stop batch
+
+    resumed = _experiment(tmp_path, "--activate", key)
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    runs_after = _runs(tmp_path)
+    assert sorted(r.info.run_id for r in runs_after) == sorted(r.info.run_id for r in runs)
+    assert {r.info.status for r in runs_after} == {"FINISHED"}
+    records = checkpoint_records(client, trial.info.run_id)
+    assert records[-1]["steps_completed"] == 120
+
+    # The same trial, never stopped, in one process: bit-equal final weights.
+    reference_dir = tmp_path / "reference"
+    reference = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "det_tasks.runner.cli",
+            "run",
+            str(CONFIG),
+            str(FLOW_MODEL),
+            "--no-progress",
+            "--checkpoint-dir",
+            str(reference_dir),
+        ],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    newest = max(reference_dir.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(_env(tmp_path))
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db')}"
+        got = pytorch.load_trial_from_checkpoint_path(records[-1]["uri"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    want = pytorch.load_trial_from_checkpoint_path(str(newest.parent), trial_class=type(got))
+    for a, b in zip(want.model.state_dict().values(), got.model.state_dict().values()):
+        assert torch.equal(a, b)

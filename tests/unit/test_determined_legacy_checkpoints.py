@@ -104,13 +104,23 @@ def test_without_that_consent_foreign_code_is_still_refused(kwargs):
             load_trial_from_checkpoint_path(ROOT / layout, torch_load_kwargs=kwargs)
 
 
-def test_the_harness_loader_without_the_alias_names_the_fix(monkeypatch):
-    """det_tasks.pytorch never imports the compatibility layer (it is built from it): code
-    that imports `determined` needs det_tasks.compat's loader, and the error says so."""
+def test_the_harness_loader_finds_the_alias_through_its_entry_point(monkeypatch):
+    """det_tasks.pytorch never imports the compatibility layer (it is built from it); its
+    loader finds it through the det_tasks.import_layers entry point, so code that imports
+    `determined` loads unchanged. Without that entry point the error names the fix."""
     import sys
 
-    for name in [n for n in sys.modules if n == "determined" or n.startswith("determined.")]:
-        monkeypatch.delitem(sys.modules, name)
+    from det_tasks import plugins
+
+    def drop_alias() -> None:
+        for name in [n for n in sys.modules if n == "determined" or n.startswith("determined.")]:
+            monkeypatch.delitem(sys.modules, name)
+
+    drop_alias()
+    trial = pytorch.load_trial_from_checkpoint_path(ROOT / "0.21-metadata", trust_code=True)
+    assert trial.model(X).detach().squeeze(1).tolist() == EXPECTED
+    drop_alias()
+    monkeypatch.setattr(plugins, "load_one", lambda group, name: None)
     with pytest.raises(CheckpointError, match=r"imports `determined`.*det_tasks\.compat"):
         pytorch.load_trial_from_checkpoint_path(ROOT / "0.21-metadata", trust_code=True)
     trial = load_trial_from_checkpoint_path(ROOT / "0.21-metadata", trust_code=True)

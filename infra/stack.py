@@ -65,6 +65,10 @@ class StackConfig:
     # The Dask scheduler experiment flows run trials through (infra/dask_cluster.py); its workers
     # (DET_TASKS_DASK_WORKERS, default 2) start with the stack.
     dask_port: int = 8786
+    # SeaweedFS's gRPC ports are its HTTP ports plus this. Keep them below the kernel's
+    # ephemeral range (32768-60999 on Linux): a port there can be held by any outgoing
+    # connection's source port, and SeaweedFS then dies with "bind: address already in use".
+    seaweed_grpc_shift: int = 10000
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -79,6 +83,7 @@ class StackConfig:
             backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
             prefect_port=_port("PREFECT", 4200),
             dask_port=_port("DASK", 8786),
+            seaweed_grpc_shift=int(os.environ.get("DET_TASKS_SEAWEED_GRPC_SHIFT", 10000)),
             auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
             postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
             if os.environ.get("DET_TASKS_POSTGRES_PORT")
@@ -185,14 +190,14 @@ def seaweed_service(config: StackConfig) -> Service:
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
         f"-master.port={config.master_port}",
-        f"-master.port.grpc={config.master_port + 10000}",
+        f"-master.port.grpc={config.master_port + config.seaweed_grpc_shift}",
         f"-volume.port={config.volume_port}",
-        f"-volume.port.grpc={config.volume_port + 10000}",
+        f"-volume.port.grpc={config.volume_port + config.seaweed_grpc_shift}",
         f"-filer.port={config.filer_port}",
-        f"-filer.port.grpc={config.filer_port + 10000}",
+        f"-filer.port.grpc={config.filer_port + config.seaweed_grpc_shift}",
         "-s3",
         f"-s3.port={config.s3_port}",
-        f"-s3.port.grpc={config.s3_port + 10000}",
+        f"-s3.port.grpc={config.s3_port + config.seaweed_grpc_shift}",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={config.root / 's3-identities.json'}",
@@ -469,7 +474,7 @@ def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str
     config = config or StackConfig.from_env()
     seaweed = seaweed_service(config)
     ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
-    _check_ports_free(seaweed, ports + [p + 10000 for p in ports])
+    _check_ports_free(seaweed, ports + [p + config.seaweed_grpc_shift for p in ports])
     _check_ports_free(mlflow_service(config), [config.mlflow_port])
     if config.postgres_port:
         pg = postgres.postgres_service(config.root, config.postgres_port)

@@ -29,6 +29,9 @@ def isolated_stack_config(root: Path, offset: int = 0, **settings: Any) -> Stack
         mlflow_port=25001 + offset,
         prefect_port=24200 + offset,
         dask_port=28786 + offset,
+        # gRPC at 13333/14334/13181/13989 (+offset): out of the ephemeral port range, and
+        # apart from a `make up` stack's 18333/19334/18081/18889.
+        seaweed_grpc_shift=-15000,
         **settings,
     )
 

@@ -37,6 +37,7 @@ def stack_env(config: StackConfig) -> dict[str, str]:
         **os.environ,
         "DET_TASKS_STACK_DIR": str(config.root),
         **{f"DET_TASKS_{name}_PORT": str(port) for name, port in ports.items()},
+        "DET_TASKS_SEAWEED_GRPC_SHIFT": str(config.seaweed_grpc_shift),
     }
 
 

@@ -35,10 +35,10 @@ check: lint typecheck
 # clone builds Horovod once (~12 min on 2 cores; the cached wheel makes later runs instant)
 # instead of skipping its 4 tests.
 test: install horovod
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q --durations=25
 
 test-slow: install
-	$(BIN)/python -m pytest -m "slow and not gpu" -q
+	$(BIN)/python -m pytest -m "slow and not gpu" -q --durations=25
 
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -q

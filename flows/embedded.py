@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
+from det_tasks.first_use import create_once
 from det_tasks.home import det_tasks_home
 
 __all__ = ["start_shielded_prefect_server", "use_embedded_defaults"]
@@ -40,6 +42,15 @@ def start_shielded_prefect_server() -> None:
     No-op with PREFECT_API_URL set."""
     if os.environ.get("PREFECT_API_URL"):
         return
+    database = _prefect_sqlite_database()
+    if database is None:
+        _start_ephemeral_server()
+    else:  # the first start in a fresh home creates the schema; others wait for it
+        create_once(database, _start_ephemeral_server)
+        _start_ephemeral_server()  # no-op when create_once just started it
+
+
+def _start_ephemeral_server() -> None:
     from prefect.client.orchestration import get_client
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -48,3 +59,14 @@ def start_shielded_prefect_server() -> None:
             client.api_healthcheck()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _prefect_sqlite_database() -> Path | None:
+    """The SQLite file the ephemeral server will use, or None for another database."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    text = url.get_secret_value() if url is not None else ""
+    if not text.startswith("sqlite"):
+        return None
+    return Path(text.split(":///", 1)[1]).expanduser()

@@ -16,6 +16,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
+from det_tasks.first_use import create_once
 from registry.settings import RegistrySettings
 
 __all__ = [
@@ -53,7 +54,16 @@ def client_for(tracking_uri: str) -> MlflowClient:
         # MLflow's SQLAlchemy store trips SQLAlchemy 2's deprecation of ``noload`` on every
         # process start: MLflow's business, not the user's.
         warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy")
+    if tracking_uri.startswith("sqlite:///"):
+        # Several experiments started at once in a fresh home would race to create the
+        # schema (one fails); the first creates it, the others wait for it.
+        database = Path(tracking_uri.removeprefix("sqlite:///"))
+        create_once(database, lambda: _create_schema(tracking_uri))
     return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _create_schema(tracking_uri: str) -> None:
+    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 
 def flat_params(hparams: dict[str, Any], raw_config: dict[str, Any]) -> dict[str, str]:

@@ -37,11 +37,31 @@ def _run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
+    """Also the first use of a fresh home by two experiments started together: both find no
+    MLflow or Prefect database; one creates each schema, the other waits (before, "table
+    ... already exists" or an alembic mismatch killed one of them)."""
     pytest.importorskip("mlflow")
     from det_tasks.pytorch import load_trial_from_checkpoint_path
     from registry.tracking import client_for
 
+    beside = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.experiment",
+            str(GRID),
+            "searcher.max_trials=1",
+            "name=beside",
+        ],
+        cwd=tmp_path,
+        env={**_clean_env(tmp_path), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc = _run([str(GRID)], tmp_path)
+    _, beside_err = beside.communicate(timeout=600)
+    assert beside.returncode == 0, beside_err[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     for noise in NOISE:
         assert noise not in proc.stderr, f"{noise!r} reached the terminal:\n{proc.stderr}"
@@ -49,6 +69,10 @@ def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
 
     tracking_uri = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}"
     client = client_for(tracking_uri)
+    beside_experiment = client.get_experiment_by_name("beside")
+    assert beside_experiment is not None
+    beside_runs = client.search_runs([beside_experiment.experiment_id])
+    assert len(beside_runs) == 2 and all(r.info.status == "FINISHED" for r in beside_runs)
     experiment = client.get_experiment_by_name("flow-grid")
     assert experiment is not None
     assert experiment.artifact_location.startswith((tmp_path / "det" / "artifacts").as_uri())

@@ -3,36 +3,44 @@ started together, and a creator that dies holding the lock blocks nobody."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import time
+import subprocess
+import sys
 from pathlib import Path
 
-from det_tasks.first_use import create_once, exclusive
+from det_tasks.first_use import create_once
 
+# Each creator is a fresh interpreter, as two `python -m flows.experiment` started together
+# are (a child forked from pytest inherits whatever threads and locks earlier tests left).
+_CREATOR = """
+import os, sys, time
+from pathlib import Path
+from det_tasks.first_use import create_once
 
-def _create_slowly(database: Path, log: Path) -> None:
-    def create() -> None:
-        with open(log, "a") as handle:
-            handle.write(f"{os.getpid()}\n")
-        time.sleep(0.5)  # long enough that every other process arrives meanwhile
-        database.write_text("schema")
+database, log = Path(sys.argv[1]), Path(sys.argv[2])
 
-    create_once(database, create)
-    # Whoever returns must find the database complete.
-    assert database.read_text() == "schema"
+def create():
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()}\\n")
+    time.sleep(2)  # long enough that every other process arrives meanwhile
+    database.write_text("schema")
+
+create_once(database, create)
+# Whoever returns must find the database complete.
+assert database.read_text() == "schema"
+"""
 
 
 def test_four_processes_started_together_create_the_database_once(tmp_path: Path):
     database, log = tmp_path / "store.db", tmp_path / "creators.log"
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_create_slowly, args=(database, log)) for _ in range(4)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(30)
-    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    argv = [sys.executable, "-c", _CREATOR, str(database), str(log)]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(4)
+    ]
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0, 0], outputs
     assert len(log.read_text().splitlines()) == 1
     assert (tmp_path / "store.db.ready").exists()
 
@@ -45,21 +53,27 @@ def test_a_later_call_does_not_create_again(tmp_path: Path):
     assert calls == [1]
 
 
-def _hold_forever(lock: Path, held: multiprocessing.synchronize.Event) -> None:
-    with exclusive(lock):
-        held.set()
-        time.sleep(600)
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from det_tasks.first_use import exclusive
+
+with exclusive(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
 
 
 def test_a_creator_killed_holding_the_lock_blocks_nobody(tmp_path: Path):
     database = tmp_path / "store.db"
-    ctx = multiprocessing.get_context("fork")
-    held = ctx.Event()
-    holder = ctx.Process(target=_hold_forever, args=(tmp_path / "store.db.lock", held))
-    holder.start()
-    assert held.wait(10)
-    os.kill(holder.pid or 0, signal.SIGKILL)
-    holder.join(10)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path / "store.db.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(10)
     calls: list[int] = []
     create_once(database, lambda: calls.append(1))
     assert calls == [1]

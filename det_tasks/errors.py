@@ -4,12 +4,15 @@ The CLI prints these as one paragraph without a traceback; anything else is a bu
 the harness and keeps its traceback.
 """
 
+from __future__ import annotations
+
 __all__ = [
     "EXIT_INVALID_HP",
     "CheckpointError",
     "ConfigError",
     "DetTasksError",
     "InvalidHP",
+    "StepFailed",
     "TrialError",
     "TrialStopped",
 ]
@@ -47,3 +50,62 @@ class TrialStopped(Exception):
     def __init__(self, state: str, why: str = "") -> None:
         super().__init__(f"trial stopped: {state}" + (f" ({why})" if why else ""))
         self.state = state
+
+
+class StepFailed(Exception):
+    """A trial's step raised: which trial, where (the user's function and the batch), the
+    error and the user's frames, and whether retrying could help (a config or entrypoint
+    error cannot be fixed by a retry; an exception in ``train_batch`` may be). Plain data,
+    so it crosses processes (Dask) intact; its text is the one line a user reads."""
+
+    def __init__(
+        self,
+        trial_id: int | str,
+        phase: str,
+        batch: int,
+        error: str,
+        location: str | None = None,
+        retryable: bool = True,
+        attempts: int = 1,
+        user_traceback: str = "",
+    ) -> None:
+        self.trial_id, self.phase, self.batch, self.error = trial_id, phase, batch, error
+        self.location, self.retryable, self.attempts = location, retryable, attempts
+        self.user_traceback = user_traceback
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        after = f" after {self.attempts} attempts" if self.attempts > 1 else ""
+        where = f" ({self.location})" if self.location else ""
+        return (
+            f"trial {self.trial_id} failed in {self.phase} at batch {self.batch}{after}: "
+            f"{self.error}{where}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return (
+            StepFailed,
+            (
+                self.trial_id,
+                self.phase,
+                self.batch,
+                self.error,
+                self.location,
+                self.retryable,
+                self.attempts,
+                self.user_traceback,
+            ),
+        )
+
+    def after_attempts(self, attempts: int) -> StepFailed:
+        """The same failure, counted as the ``attempts``-th try."""
+        return StepFailed(
+            self.trial_id,
+            self.phase,
+            self.batch,
+            self.error,
+            self.location,
+            self.retryable,
+            attempts,
+            self.user_traceback,
+        )

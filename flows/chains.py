@@ -105,7 +105,7 @@ class TrialChains:
                 try:
                     result: StepResult = fut.result()
                 except BaseException:
-                    self.table.set_state(stage.work.trial_id, "FAILED")
+                    self.table.set_state(stage.work.trial_id, "ERRORED")
                     self.table.publish()
                     raise
                 self.placement.ran(stage.work.trial_id, result.worker)

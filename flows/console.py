@@ -11,7 +11,12 @@ from collections.abc import Iterator
 
 __all__ = ["CompleteMessageFilter", "ShutdownNoiseFilter", "quiet_prefect_shutdown"]
 
-_NOISE = ("Still processing items", "Task was destroyed but it is pending")
+# The last is the ephemeral server's goodbye, which would land after the run's last line.
+_NOISE = (
+    "Still processing items",
+    "Task was destroyed but it is pending",
+    "Stopping temporary server",
+)
 
 
 class CompleteMessageFilter(logging.Filter):

@@ -27,8 +27,8 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from det_tasks.config import ExperimentConfig
-from det_tasks.errors import ConfigError
-from det_tasks.runner.local import load_raw_config
+from det_tasks.errors import ConfigError, DetTasksError, StepFailed
+from det_tasks.runner.local import check_entrypoint, load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import STATE_TAG, TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
@@ -46,7 +46,7 @@ from flows.stopping import StopControl
 from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
 from registry.packages import fetch_package
-from registry.run_states import end_orphans, end_running_runs
+from registry.run_states import end_orphans, end_running_runs, record_failure
 from registry.s3 import client as s3_client
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
@@ -116,6 +116,7 @@ def _run_experiment(
 ) -> Any:
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
+    check_entrypoint(cfg, model_path)  # before any run exists: a retry cannot fix it
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
         raise RuntimeError(
@@ -211,6 +212,17 @@ def _end_abruptly(
     with contextlib.suppress(Exception):
         stop_everywhere(client, run_key, "kill")
         release_everywhere(client, run_key, state if killed else None)
+    if not killed:
+        text = str(err) if isinstance(err, StepFailed) else f"{type(err).__name__}: {err}"
+        with contextlib.suppress(Exception):
+            trial_id = err.trial_id if isinstance(err, StepFailed) else None
+            record_failure(
+                runs.client,
+                runs.experiment_id,
+                runs.parent_run_id,
+                text,
+                int(trial_id) if trial_id is not None and str(trial_id).isdigit() else None,
+            )
     with contextlib.suppress(Exception):
         end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, state, status)
     with contextlib.suppress(Exception):
@@ -264,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         experiment_key = args.pop(at + 1)
         args.pop(at)
     try:  # before a Prefect server starts: a typo costs a second, not ten
-        _, cfg = load_raw_config(Path(args[0]).resolve(), args[1:])
+        config_path = Path(args[0]).resolve()
+        _, cfg = load_raw_config(config_path, args[1:])
+        check_entrypoint(cfg, config_path.parent)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
-    except ConfigError as err:
+    except DetTasksError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     chosen = use_embedded_defaults()
@@ -283,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.nullcontext()
         if os.environ.get(SCHEDULER_ENV)
         else background_cluster(workers, cfg.resources.slots_per_trial),
-        quiet_prefect_shutdown(complete_errors=(TrialFailed, ConfigError)),
+        quiet_prefect_shutdown(complete_errors=(TrialFailed, DetTasksError, StepFailed)),
         # The ephemeral server's default 20 s start-up wait is too short on a busy machine.
         temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
     ):
@@ -302,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         try:
             result = state.result()
+        except StepFailed as err:  # the user's frames once, then one line
+            if err.user_traceback:
+                print(err.user_traceback, file=sys.stderr)
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         except Exception as err:  # the flow run's log above has the details
             print(f"error: experiment failed: {err}", file=sys.stderr)
             return 1

@@ -14,12 +14,21 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
 
+from det_tasks.errors import StepFailed
 from det_tasks.runner.held import TrialSpec
 from flows.engine import submit_step
 from flows.workers import StepRequest, StepResult, TrialFailed
 
-__all__ = ["TrialFailed", "TrialRef", "checkpoint", "train", "validate"]
+__all__ = [
+    "TrialFailed",
+    "TrialRef",
+    "checkpoint",
+    "retry_unless_final",
+    "train",
+    "validate",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +66,29 @@ class TrialRef:
         return f"{kind} trial-{self.spec.trial_id} {where} (mlflow {self.mlflow_run_id})"
 
 
-@task(name="train", retry_delay_seconds=1, cache_policy=NO_CACHE)
+def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry (up to max_restarts) unless the failure is one a retry would meet again: a
+    config or entrypoint error."""
+    error = state.data
+    return not (isinstance(error, StepFailed) and not error.retryable)
+
+
+def _step(request: StepRequest, worker: str | None, gpus: int) -> StepResult:
+    """Run the step on its worker; a failure says which attempt it was."""
+    try:
+        return submit_step(request, worker, gpus)
+    except StepFailed as err:
+        context = TaskRunContext.get()
+        attempts = context.task_run.run_count if context is not None else 1
+        raise err.after_attempts(attempts) from None
+
+
+@task(
+    name="train",
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_final,
+    cache_policy=NO_CACHE,
+)
 def train(
     trial: TrialRef,
     start: int,
@@ -71,23 +102,33 @@ def train(
     best metric so far)."""
     kind = "train" if trial.holdable else "segment"
     request = dataclasses.replace(trial.request(kind, start, stop), experiment_best=experiment_best)
-    result = submit_step(request, worker, trial.gpus)
+    result = _step(request, worker, trial.gpus)
     _log(trial, "trained to batch", result)
     return result
 
 
-@task(name="validate", retry_delay_seconds=1, cache_policy=NO_CACHE)
+@task(
+    name="validate",
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_final,
+    cache_policy=NO_CACHE,
+)
 def validate(trial: TrialRef, after: StepResult) -> StepResult:
     """Validate the trial at the position ``after`` left it."""
     if not trial.holdable:  # validated inside its segment's process
         return after
     at = after.position
-    result = submit_step(trial.request("validate", at, at), after.worker, trial.gpus)
+    result = _step(trial.request("validate", at, at), after.worker, trial.gpus)
     _log(trial, "validated at batch", result, result.validation)
     return result
 
 
-@task(name="checkpoint", retry_delay_seconds=1, cache_policy=NO_CACHE)
+@task(
+    name="checkpoint",
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_final,
+    cache_policy=NO_CACHE,
+)
 def checkpoint(
     trial: TrialRef, after: StepResult, release: bool = False, stopped_as: str | None = None
 ) -> StepResult:
@@ -100,7 +141,7 @@ def checkpoint(
     request = dataclasses.replace(
         trial.request("checkpoint", at, at, release), stopped_as=stopped_as
     )
-    result = submit_step(request, after.worker, trial.gpus)
+    result = _step(request, after.worker, trial.gpus)
     _log(trial, "checkpoint at batch", result, result.checkpoint)
     return dataclasses.replace(result, validation=after.validation)
 

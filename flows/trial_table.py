@@ -38,7 +38,7 @@ __all__ = ["FINISHED_STATES", "SETTLED_STATES", "TrialTable", "significant"]
 # States whose trial run has been released, so its MLflow history is complete.
 SETTLED_STATES = frozenset({"COMPLETED", "STOPPED"})
 # States that count as done for the progress artifact.
-FINISHED_STATES = SETTLED_STATES | {"CANCELED", "FAILED", "INVALID_HP"}
+FINISHED_STATES = SETTLED_STATES | {"CANCELED", "ERRORED", "INVALID_HP"}
 DIGITS = 4  # significant digits of every number the table shows
 
 BestOf = Callable[[str], TrialBest]  # MLflow run id -> the trial's best

@@ -43,9 +43,18 @@ from typing import Any
 
 from distributed import Worker, WorkerPlugin, get_worker
 
-from det_tasks.errors import EXIT_INVALID_HP, InvalidHP, TrialStopped
+from det_tasks.errors import (
+    EXIT_INVALID_HP,
+    ConfigError,
+    DetTasksError,
+    InvalidHP,
+    StepFailed,
+    TrialError,
+    TrialStopped,
+)
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.user_frames import innermost_user_frame, user_traceback
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -62,6 +71,7 @@ __all__ = [
     "request_stop",
     "resume_candidates",
     "run_step",
+    "step_failure",
 ]
 
 PLUGIN_NAME = "det-tasks-held-trial"
@@ -264,6 +274,11 @@ def run_step(request: StepRequest) -> StepResult:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
         return _result(worker, request.start, False, started, invalid_hp=str(err))
+    except Exception as err:  # building or restoring the trial failed
+        held = plugin.held
+        failure = step_failure(spec, "setup", held.position if held else request.start, err)
+        plugin.release(failure)
+        raise failure from None
     restored = None if warm else trial.restored_from
     try:
         validation, uri = None, None
@@ -292,6 +307,10 @@ def run_step(request: StepRequest) -> StepResult:
     except InvalidHP as err:
         plugin.release()  # dropped by the searcher, not failed
         return _result(worker, trial.position, warm, started, invalid_hp=str(err))
+    except Exception as err:
+        failure = step_failure(spec, request.kind, trial.position, err)
+        plugin.release(failure)
+        raise failure from None
     except BaseException as err:
         plugin.release(err)
         raise
@@ -299,6 +318,25 @@ def run_step(request: StepRequest) -> StepResult:
         plugin.release(_stopped(request))
         return dataclasses.replace(result, recycle_due=plugin.recycle_due)
     return result
+
+
+def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> StepFailed:
+    """What the user reads about a failed step: the trial, the user's function that raised
+    (else the step's kind) and its batch, the error, and the user's frames. A config or
+    entrypoint error is final: a retry would meet it again."""
+    if isinstance(err, StepFailed):
+        return err
+    model_dir = Path(spec.model_dir)
+    frame = innermost_user_frame(err, model_dir)
+    return StepFailed(
+        spec.trial_id,
+        frame.function if frame else kind,
+        batch,
+        str(err) if isinstance(err, DetTasksError) else f"{type(err).__name__}: {err}",
+        frame.location if frame else None,
+        retryable=not isinstance(err, (ConfigError, TrialError)),
+        user_traceback=user_traceback(err, model_dir),
+    )
 
 
 def _preempted(plugin: HeldTrialPlugin, spec: TrialSpec) -> str | None:

@@ -15,10 +15,12 @@ from typing import Any
 
 from registry.settings import RegistrySettings
 from registry.tracking import (
+    ERROR_TAG,
     EXPERIMENT_RUN_TAG,
     HEARTBEAT_TAG,
     PARENT_TAG,
     STATE_TAG,
+    TRIAL_TAG,
     _retry,
     client_for,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "end_orphans",
     "end_running_runs",
     "heartbeat",
+    "record_failure",
     "mark_experiment_state",
 ]
 
@@ -60,6 +63,25 @@ def end_running_runs(
         _retry(lambda rid=run_id: client.set_terminated(rid, status=status))
         ended += 1
     return ended
+
+
+def record_failure(
+    client: Any, experiment_id: str, parent_run_id: str, text: str, trial_id: int | None = None
+) -> None:
+    """Say on the parent run (and on trial ``trial_id``'s run, whatever its worker wrote
+    there) why the experiment failed, in the words the user reads on the terminal."""
+    run_ids = [parent_run_id]
+    if trial_id is not None:
+        trials = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}' and "
+            f"tags.`{TRIAL_TAG}` = '{trial_id}'",
+            max_results=10,
+        )
+        run_ids += [t.info.run_id for t in trials]
+    for run_id in run_ids:
+        client.set_tag(run_id, ERROR_TAG, text[:5000])
+        client.set_tag(run_id, STATE_TAG, "ERROR")
 
 
 def end_orphans(client: Any, experiment_ids: list[str], now: float | None = None) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from det_tasks.errors import TrialStopped
+from det_tasks.errors import StepFailed, TrialStopped
 from det_tasks.launch import RunServices
 from registry import s3 as s3_lib
 from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore
@@ -24,7 +24,7 @@ from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
-from registry.tracking import STATE_TAG, ExperimentRuns, client_for, mlflow_link
+from registry.tracking import ERROR_TAG, STATE_TAG, ExperimentRuns, client_for, mlflow_link
 
 __all__ = [
     "ERROR_TAG",
@@ -132,6 +132,8 @@ def trial_services(
         else:
             if error is not None:
                 _tag_error(client, run_id, error)
+                with contextlib.suppress(Exception):
+                    client.set_tag(run_id, STATE_TAG, "ERROR")
             runs.finish(run_id, status)
             if owns_experiment_run:
                 finish_experiment(runs, s3, status)
@@ -156,9 +158,6 @@ def start_system_metrics(settings: RegistrySettings, run_id: str) -> Any:
     return monitor
 
 
-ERROR_TAG = "det.error"
-
-
 def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRuns) -> bool:
     """A trial run that failed before it recorded anything of its own (no training metric,
     no checkpoint), in an experiment run it owns: an empty FAILED pair nobody wants."""
@@ -176,7 +175,8 @@ def _delete_runs(client: Any, run_ids: list[str]) -> None:
 
 
 def _tag_error(client: Any, run_id: str, error: BaseException) -> None:
-    text = f"{type(error).__name__}: {error}"[:5000]
+    described = isinstance(error, StepFailed)  # its text names the trial, function and batch
+    text = (str(error) if described else f"{type(error).__name__}: {error}")[:5000]
     with contextlib.suppress(Exception):
         client.set_tag(run_id, ERROR_TAG, text)
 

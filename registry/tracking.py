@@ -20,6 +20,7 @@ from det_tasks.first_use import create_once
 from registry.settings import RegistrySettings
 
 __all__ = [
+    "ERROR_TAG",
     "EXPERIMENT_KIND_TAG",
     "EXPERIMENT_RUN_TAG",
     "HEARTBEAT_TAG",
@@ -37,6 +38,8 @@ EXPERIMENT_RUN_TAG = "det.experiment_run"
 # Why a run ended or what it is doing, in Determined's words (ACTIVE, PAUSED, CANCELED):
 # MLflow's statuses cannot say "paused" (a paused run is KILLED with det.state PAUSED).
 STATE_TAG = "det.state"
+# Why a run FAILED: the error, and for a trial's step the trial, function and batch.
+ERROR_TAG = "det.error"
 HEARTBEAT_TAG = "det.heartbeat"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow 3.17's UI opens an experiment without this tag in its GenAI (traces) view; ours are

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import importlib.metadata
 import json
 import logging
 import signal
@@ -16,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from det_tasks import plugins
-from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
+from det_tasks.errors import EXIT_INVALID_HP, DetTasksError, InvalidHP
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.user_frames import innermost_user_frame
 
 __all__ = ["main"]
 
@@ -147,15 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check_config(config_path: Path, model_dir: str | None) -> int:
     """Validate the config, then import the entrypoint as ``run`` would (class or script)."""
     from det_tasks.config import load_config
-    from det_tasks.runner.entrypoint import model_dir_on_path
-    from det_tasks.runner.local import load_entrypoint
+    from det_tasks.runner.local import check_entrypoint
 
     config = load_config(config_path)
     directory = Path(model_dir) if model_dir else config_path.parent
-    if not directory.is_dir():
-        raise ConfigError(f"model directory {str(directory)!r} does not exist")
-    with model_dir_on_path(directory):
-        entry = load_entrypoint(config, directory)
+    entry = check_entrypoint(config, directory)
     print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
     kind = f"script {entry}" if isinstance(entry, Path) else f"trial class {entry.__qualname__}"
     print(f"ok: entrypoint {config.entrypoint!r} loads ({kind})", file=sys.stderr)
@@ -163,38 +159,9 @@ def _check_config(config_path: Path, model_dir: str | None) -> int:
 
 
 def _user_code_location(err: BaseException) -> str | None:
-    """``file:line`` of the innermost frame of the user's code in the error's traceback
-    (not this package, not an installed library), or None."""
-    ours = Path(__file__).resolve().parents[1]
-    platform = _platform_packages()
-    libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    found = None
-    tb = err.__traceback__
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        path = Path(name).resolve() if not name.startswith("<") else None
-        module = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if (
-            path is not None
-            and module.partition(".")[0] not in platform
-            and not path.is_relative_to(ours)
-            and not any(path.is_relative_to(lib) for lib in libraries)
-        ):
-            shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-            found = f"{shown}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return found
-
-
-def _platform_packages() -> set[str]:
-    """det_tasks and the packages plugged into it through its entry points (registry,
-    flows): their frames are the platform's, never the user's code to point at."""
-    names = {"det_tasks"}
-    for dist in importlib.metadata.distributions():
-        for entry in dist.entry_points:
-            if entry.group.startswith("det_tasks."):
-                names.add(entry.module.partition(".")[0])
-    return names
+    """``file:line`` of the innermost frame of the user's code in the error's traceback."""
+    frame = innermost_user_frame(err)
+    return frame.location if frame else None
 
 
 def _report_invalid_hp(args: argparse.Namespace, err: InvalidHP) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from det_tasks import launch, plugins
 from det_tasks.config import ExperimentConfig, apply_overrides, parse_config, sample_hparams
 from det_tasks.config.loader import parse_yaml_text
-from det_tasks.errors import ConfigError
+from det_tasks.errors import ConfigError, DetTasksError, TrialError
 from det_tasks.gc import collect_garbage
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch._trainer import length_to_unit, store_from_config
@@ -32,8 +32,9 @@ from det_tasks.runner.progress import ProgressSink
 from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
+from det_tasks.user_frames import innermost_user_frame
 
-__all__ = ["RunResult", "load_entrypoint", "load_raw_config", "run_trial"]
+__all__ = ["RunResult", "check_entrypoint", "load_entrypoint", "load_raw_config", "run_trial"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +210,27 @@ def load_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
     if not path.is_file():
         raise ConfigError(f"entrypoint script {str(script)!r} not found in {str(model_dir)!r}")
     return path
+
+
+def check_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
+    """Load the entrypoint as a trial's worker will (``det-tasks check-config`` does the
+    same), so a missing module or a class that is not a trial is reported before anything
+    starts. An exception raised while importing the user's module becomes one TrialError
+    naming the entrypoint, the error and the user's line."""
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
+    with model_dir_on_path(model_dir):
+        try:
+            return load_entrypoint(config, model_dir)
+        except DetTasksError:
+            raise
+        except Exception as err:
+            frame = innermost_user_frame(err, model_dir)
+            where = f" ({frame.location})" if frame else ""
+            raise TrialError(
+                f"entrypoint {config.entrypoint!r} fails to import: "
+                f"{type(err).__name__}: {err}{where}"
+            ) from None
 
 
 def _trial_number(trial_id: str) -> int | str:

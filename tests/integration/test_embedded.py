@@ -114,3 +114,51 @@ def test_embedded_bad_override_fails_before_any_server(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert "Starting temporary server" not in proc.stderr
     assert not (tmp_path / "det" / "mlflow.db").exists()
+
+
+def test_a_failing_trial_ends_failed_everywhere_with_one_last_line(tmp_path: Path) -> None:
+    """train_batch raises at batch 3; max_restarts: 1 retries it once from batch 0."""
+    pytest.importorskip("mlflow")
+    from registry.tracking import client_for
+
+    proc = _run(
+        [str(GRID), "searcher.max_trials=1", "data.fail_at_batch=3", "max_restarts=1"], tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = (
+        "trial 1 failed in train_batch at batch 3 after 2 attempts: "
+        "ValueError: planted failure at batch 3 (model_def.py:65)"
+    )
+    assert proc.stderr.splitlines()[-1] == f"error: {line}"
+    # One traceback, the trial's own frames, printed once; no engine traceback.
+    assert proc.stderr.count("Traceback") == 1
+    assert 'model_def.py", line 65, in train_batch' in proc.stderr
+    assert "site-packages" not in proc.stderr
+    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("flow-grid")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 2
+    for run in runs:
+        assert run.info.status == "FAILED" and run.info.end_time is not None
+        assert run.data.tags["det.error"] == line
+        assert run.data.tags["det.state"] == "ERROR"
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "says"),
+    [
+        ("nope:XorTrial", "no module 'nope' in model directory"),
+        ("model_def:XorData", "is not a PyTorchTrial subclass"),
+    ],
+)
+def test_entrypoint_errors_fail_before_anything_starts(
+    tmp_path: Path, entrypoint: str, says: str
+) -> None:
+    proc = _run([str(GRID), f"entrypoint={entrypoint}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]
+    assert says in proc.stderr and proc.stderr.startswith("error: entrypoint")
+    # Nothing was started: no MLflow store, no Prefect database in the home.
+    assert not (tmp_path / "det" / "mlflow.db").exists()
+    assert not (tmp_path / "prefect" / "prefect.db").exists()

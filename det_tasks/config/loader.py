@@ -21,7 +21,13 @@ from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.unhonoured import warn_unhonoured
 from det_tasks.errors import ConfigError
 
-__all__ = ["apply_overrides", "load_config", "parse_config", "parse_yaml_text"]
+__all__ = [
+    "apply_overrides",
+    "load_config",
+    "parse_config",
+    "parse_with_overrides",
+    "parse_yaml_text",
+]
 
 MAX_CONFIG_BYTES = 1_000_000
 MAX_ALIASES = 100
@@ -69,10 +75,41 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
-    raw = parse_yaml_text(text, str(path))
-    if overrides:
-        raw = apply_overrides(raw, overrides)
-    return parse_config(raw, source=str(path))
+    return parse_with_overrides(parse_yaml_text(text, str(path)), overrides, str(path))
+
+
+def parse_with_overrides(raw: Any, overrides: list[str] | None, source: str) -> ExperimentConfig:
+    """Validate ``raw`` with ``overrides`` applied. An error that the file alone does not
+    have is blamed on the command line's override that brings it, not on the file the user
+    did not change."""
+    if not overrides:
+        return parse_config(raw, source=source)
+    try:
+        return parse_config(apply_overrides(raw, overrides), source=source)
+    except ConfigError:
+        culprit = _first_bad_override(raw, overrides, source)
+        if culprit is None:
+            raise
+    return parse_config(
+        apply_overrides(raw, overrides), source=f"command-line override {culprit!r}"
+    )
+
+
+def _first_bad_override(raw: Any, overrides: list[str], source: str) -> str | None:
+    """The first override that turns a valid ``raw`` invalid on its own, or None when the
+    file itself is invalid (or only the overrides together are)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the real parse warns once
+        try:
+            parse_config(raw, source=source)
+        except ConfigError:
+            return None
+        for item in overrides:
+            try:
+                parse_config(apply_overrides(raw, [item]), source=source)
+            except ConfigError:
+                return item
+    return None
 
 
 def apply_overrides(raw: Any, overrides: list[str]) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from det_tasks import launch, plugins
-from det_tasks.config import ExperimentConfig, apply_overrides, parse_config, sample_hparams
-from det_tasks.config.loader import parse_yaml_text
+from det_tasks.config import ExperimentConfig, apply_overrides, sample_hparams
+from det_tasks.config.loader import parse_with_overrides, parse_yaml_text
 from det_tasks.errors import ConfigError, DetTasksError, TrialError
 from det_tasks.gc import collect_garbage
 from det_tasks.pytorch import Trainer, init
@@ -59,10 +59,8 @@ def load_raw_config(
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
     raw = parse_yaml_text(text, str(path))
-    if overrides:
-        raw = apply_overrides(raw, overrides)
-    config = parse_config(raw, source=str(path))
-    return raw, config
+    config = parse_with_overrides(raw, overrides, str(path))
+    return (apply_overrides(raw, overrides) if overrides else raw), config
 
 
 def run_trial(

@@ -166,3 +166,22 @@ def test_wrap_model_type_error():
     ctx = pytorch.init(hparams={})
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         ctx.wrap_model(torch.zeros(3))  # type: ignore[arg-type]
+
+
+def test_a_misspelt_override_is_blamed_on_the_command_line_not_the_file(tmp_path, capsys):
+    config = write(tmp_path, GOOD)
+    code = main(["run", str(config), "-p", "searcher.max_lenght.batches=3", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == (
+        "error: command-line override 'searcher.max_lenght.batches=3': unknown field "
+        "`searcher.max_lenght`; did you mean `max_length`?\n"
+    )
+
+
+def test_a_file_error_is_still_the_files_when_overrides_are_given(tmp_path, capsys):
+    config = write(tmp_path, GOOD.replace("batches: 10", "batches: ten"))
+    code = main(["run", str(config), "-p", "hyperparameters.global_batch_size=8", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"error: {config}: `searcher.max_length.batches` = 'ten' is invalid")

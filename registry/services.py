@@ -169,8 +169,12 @@ def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRun
 
 
 def _delete_runs(client: Any, run_ids: list[str]) -> None:
+    """Ended FAILED, then deleted: a deleted run still RUNNING would never end (the orphan
+    sweep and the UI's "show deleted" see it running for good)."""
     for run_id in run_ids:
         with contextlib.suppress(Exception):  # best effort: the error being raised matters
+            client.set_terminated(run_id, "FAILED")
+        with contextlib.suppress(Exception):
             client.delete_run(run_id)
 
 

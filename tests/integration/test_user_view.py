@@ -261,6 +261,8 @@ def test_failures_before_training_leave_no_runs(stack, tmp_path):
     assert client.search_runs([experiment.experiment_id], run_view_type=ViewType.ACTIVE_ONLY) == []
     deleted = client.search_runs([experiment.experiment_id], run_view_type=ViewType.DELETED_ONLY)
     assert len(deleted) == 2
+    # Ended before they were deleted: a deleted run left RUNNING would never end.
+    assert all(r.info.status == "FAILED" and r.info.end_time for r in deleted)
 
     # The same mistake in a trial of a flow's experiment run: the run stays, FAILED, tagged
     # with the error (the flow owns the parent run; its other trials may be fine).

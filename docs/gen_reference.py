@@ -28,6 +28,7 @@ from pydantic_core import PydanticUndefined
 
 __all__ = [
     "CONFIG_NOTES",
+    "FIELD_TESTS",
     "cli_markdown",
     "config_field_paths",
     "config_markdown",
@@ -142,7 +143,7 @@ CONFIG_NOTES: dict[str, str] = {
     "optimizations.auto_tune_tensor_fusion": "Horovod: `HOROVOD_AUTOTUNE`.",
     "optimizations.nonfinite_loss": "det-tasks extension. A NaN/inf training loss: `warn` "
     "trains on (Determined's behaviour), `error` stops the trial naming the batch, `skip` "
-    "drops the batch's update (single process only). Test: `test_nonfinite_loss.py`.",
+    "drops the batch's update (single process only).",
     # resources
     "resources.slots_per_trial": "Processes per trial (torchrun or horovodrun), one per GPU "
     "when there are GPUs.",
@@ -198,6 +199,108 @@ CONFIG_NOTES: dict[str, str] = {
     "job.max_restarts": "Prefect retries; a restarted job skips the batches its progress "
     "checkpoint covers.",
 }
+
+
+_UNIT = "tests/unit/"
+_INTEGRATION = "tests/integration/"
+
+# The tests that show a field doing what its note says (the reference's "test" column).
+# tests/unit/test_docs_reference.py checks that every one exists.
+FIELD_TESTS: dict[str, list[str]] = {
+    "hyperparameters": [
+        _UNIT + "test_bad_input.py::test_missing_global_batch_size",
+        _UNIT + "test_bad_input.py::test_unknown_hparam_names_the_defined_ones",
+    ],
+    "scheduling_unit": [_UNIT + "test_bad_input.py::test_deprecated_field_warns_and_translates"],
+    "checkpoint_policy": [
+        _UNIT + "test_bad_input.py::test_typo_in_checkpoint_policy_is_not_silently_accepted",
+        _UNIT + "test_paths_and_policies.py::test_best_policy_under_a_search_compares_with_the_"
+        "experiment_best",
+    ],
+    "max_restarts": [
+        _INTEGRATION
+        + "test_embedded.py::test_a_failing_trial_ends_failed_everywhere_with_one_last_line",
+        _INTEGRATION + "test_faults.py",
+    ],
+    "searcher.max_length": [_UNIT + "test_bad_input.py::test_missing_max_length_in_local_training"],
+    "searcher.max_concurrent_trials": [
+        _INTEGRATION + "test_flows.py::test_grid_of_four_with_concurrency_two",
+        _INTEGRATION + "test_dask_memory.py::test_workers_fit_the_hosts_available_memory",
+    ],
+    "searcher.divisor": [_INTEGRATION + "test_flows.py::test_asha_stops_worse_trials_early"],
+    "searcher.mode": [
+        _UNIT + "test_searcher_invalid_hp.py::test_asha_brackets_follow_mode_and_bracket_rungs_as_"
+        "determined"
+    ],
+    "searcher.bracket_rungs": [
+        _UNIT + "test_searcher_invalid_hp.py::test_bracket_rungs_config_is_used"
+    ],
+    "searcher.stop_once": [
+        _UNIT + "test_searcher_invalid_hp.py::test_asha_stop_once_judges_each_trial_once_when_it_"
+        "finishes_a_rung"
+    ],
+    "searcher.max_steps": [_UNIT + "test_bad_input.py::test_deprecated_field_warns_and_translates"],
+    "searcher.source_trial_id": [
+        _INTEGRATION
+        + "test_checkpoint_import.py::test_import_adopts_every_layout_signed_and_registered",
+        _UNIT + "test_warm_start.py::test_source_trial_id_without_a_registry_names_the_field",
+    ],
+    "searcher.source_checkpoint_uuid": [
+        _UNIT + "test_warm_start.py::test_source_checkpoint_uuid_initialises_weights_and_restarts_"
+        "progress"
+    ],
+    "checkpoint_storage.*.save_experiment_best": [
+        _INTEGRATION + "test_registry.py::test_gc_keeps_policy_and_registered_versions"
+    ],
+    "checkpoint_storage.*.save_trial_best": [
+        _INTEGRATION + "test_registry.py::test_gc_keeps_policy_and_registered_versions"
+    ],
+    "checkpoint_storage.*.save_trial_latest": [
+        _INTEGRATION + "test_registry.py::test_gc_keeps_policy_and_registered_versions"
+    ],
+    "optimizations.aggregation_frequency": [
+        _UNIT + "test_optimization.py::test_aggregation_frequency_from_experiment_config",
+        _UNIT + "test_optimization.py::test_conflicting_aggregation_frequency_is_refused",
+    ],
+    "optimizations.gradient_compression": [
+        _UNIT + "test_unhonoured_fields.py::test_gradient_compression_reaches_wrap_optimizer"
+    ],
+    "optimizations.tensor_fusion_threshold": [
+        _UNIT + "test_unhonoured_fields.py::test_tensor_fusion_fields_become_horovod_environment"
+    ],
+    "optimizations.tensor_fusion_cycle_time": [
+        _UNIT + "test_unhonoured_fields.py::test_tensor_fusion_fields_become_horovod_environment"
+    ],
+    "optimizations.auto_tune_tensor_fusion": [
+        _UNIT + "test_unhonoured_fields.py::test_tensor_fusion_fields_become_horovod_environment"
+    ],
+    "optimizations.nonfinite_loss": [_UNIT + "test_nonfinite_loss.py"],
+    "resources.slots_per_trial": [
+        _INTEGRATION + "test_distributed.py::test_two_ranks_match_one_process_every_step",
+        _UNIT + "test_gpu_groups.py::test_more_slots_than_gpus_is_refused_naming_the_field",
+    ],
+    "resources.distributed_backend": [
+        _INTEGRATION + "test_distributed.py::test_two_ranks_match_one_process_every_step"
+    ],
+    "resources.max_slots": [
+        _UNIT + "test_unhonoured_fields.py::test_unhonoured_field_warns_naming_it"
+    ],
+    "resources.priority": [
+        _UNIT + "test_unhonoured_fields.py::test_unhonoured_field_warns_naming_it"
+    ],
+    "resources.shm_size": [
+        _UNIT + "test_unhonoured_fields.py::test_unhonoured_field_warns_naming_it"
+    ],
+    "job.entrypoint_script": [_UNIT + "test_packaging.py::test_job_config_forms"],
+    "job.entrypoint": [_UNIT + "test_packaging.py::test_job_config_forms"],
+    "job.data": [_INTEGRATION + "test_submit.py"],
+    "job.max_restarts": [_INTEGRATION + "test_batch_jobs.py"],
+}
+
+
+def _tests_cell(key: str) -> str:
+    names = FIELD_TESTS.get(key, [])
+    return "<br>".join(f"`{n.split('/')[-1]}`" for n in names)
 
 
 def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
@@ -323,7 +426,7 @@ def config_markdown() -> str:
     """The config reference tables; raises when a field has no note or a note is stale."""
     needed = config_field_paths()
     missing = [k for k in needed if k not in CONFIG_NOTES]
-    stale = [k for k in CONFIG_NOTES if k not in needed]
+    stale = [k for k in [*CONFIG_NOTES, *FIELD_TESTS] if k not in needed]
     if missing or stale:
         raise RuntimeError(
             f"docs/gen_reference.py CONFIG_NOTES is out of step with det_tasks.config: "
@@ -332,11 +435,15 @@ def config_markdown() -> str:
     lines: list[str] = []
     for title, anchor, model, prefix in _models():
         lines += [f"### {title} {{#{anchor}}}", ""]
-        lines += ["| field | type | default | here |", "| --- | --- | --- | --- |"]
+        lines += [
+            "| field | type | default | here | test |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for field, info in model.model_fields.items():
-            note = CONFIG_NOTES[_note_key(prefix, field)]
+            key = _note_key(prefix, field)
             kind = _type_name(info.annotation) + _bounds(info)
-            lines.append(f"| `{field}` | {kind} | {_default(info)} | {note} |")
+            row = f"| `{field}` | {kind} | {_default(info)} | {CONFIG_NOTES[key]} |"
+            lines.append(f"{row} {_tests_cell(key)} |")
         lines.append("")
     return "\n".join(lines)
 

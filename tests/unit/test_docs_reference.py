@@ -104,3 +104,32 @@ def test_reference_pages_keep_their_markers_and_the_hook_is_configured():
     assert config["strict"] is True
     expanded = gen.on_page_markdown("a\n<!-- generated: cli-det -->\nb")
     assert "`det experiment create`" in expanded and "generated:" not in expanded
+
+
+def _named_tests() -> list[str]:
+    """Every test the reference's "test" column names."""
+    return sorted({name for names in gen.FIELD_TESTS.values() for name in names})
+
+
+@pytest.mark.parametrize("name", _named_tests())
+def test_every_test_the_config_reference_names_exists(name):
+    path, _, function = name.partition("::")
+    source = (ROOT / path).read_text()
+    assert not function or f"def {function}(" in source, name
+
+
+def test_the_config_reference_shows_each_fields_tests():
+    text = gen.config_markdown()
+    row = next(line for line in text.splitlines() if line.startswith("| `checkpoint_policy` |"))
+    assert row.endswith(
+        "| `test_bad_input.py::test_typo_in_checkpoint_policy_is_not_silently_accepted`<br>"
+        "`test_paths_and_policies.py::test_best_policy_under_a_search_compares_with_the_"
+        "experiment_best` |"
+    )
+
+
+def test_tests_named_for_no_field_fail_the_build(monkeypatch):
+    stale = dict(gen.FIELD_TESTS, **{"searcher.no_such_field": ["tests/unit/x.py"]})
+    monkeypatch.setattr(gen, "FIELD_TESTS", stale)
+    with pytest.raises(RuntimeError, match=r"searcher\.no_such_field"):
+        gen.config_markdown()

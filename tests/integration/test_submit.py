@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
+import uuid
 from pathlib import Path
 
 import boto3
@@ -291,3 +293,105 @@ def test_det_runs_the_mnist_tutorial_verbatim(deployed, tmp_path, monkeypatch, c
     assert capsys.readouterr().err.strip().splitlines() == [
         f"det: error: no experiment runs match {unknown!r}: give more characters"
     ]
+
+
+def _trial_run(client, name: str, timeout: float = 180):
+    """The MLflow run of trial 1 of the experiment ``name``, once it has trained a batch."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            runs = client.search_runs([experiment.experiment_id], "tags.`det.trial_id` = '1'")
+            if runs and runs[0].data.metrics.get("progress/batches", 0) > 0:
+                return runs[0]
+        time.sleep(0.5)
+    raise AssertionError(f"experiment {name} trained no batch in {timeout} s")
+
+
+def _until(predicate, timeout: float, what: str) -> float:
+    """Seconds until ``predicate()`` held (polled every 0.2 s)."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path, monkeypatch):
+    """det experiment pause stops the trial at a batch boundary with a checkpoint there and
+    frees its worker; activate continues the same MLflow run from that checkpoint to the end;
+    Prefect's cancel (what the UI's Cancel button does) stops a second experiment's training
+    on its worker within seconds, its runs KILLED with det.state CANCELED."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    from flows.det_cli import main as det
+    from registry.checkpoints import checkpoint_records
+
+    workdir = tmp_path / "xor"
+    shutil.copytree(FLOW_MODEL, workdir)
+    monkeypatch.chdir(workdir)
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    det_bin = str(Path(sys.executable).with_name("det"))
+    slow = ["--config", "hyperparameters.sleep_s=0.1",
+            "--config", "searcher.max_length={batches: 300}"]  # fmt: skip
+
+    def create(name: str) -> str:
+        created = subprocess.run(
+            [det_bin, "experiment", "create", "killable.yaml", ".", "--config", f"name={name}",
+             *slow],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr[-3000:]
+        return created_id(created.stdout)
+
+    def batches(run_id: str) -> int:
+        return int(client.get_run(run_id).data.metrics.get("progress/batches", 0))
+
+    # Pause: a checkpoint at the stop batch, the run KILLED/PAUSED, nothing trains on.
+    paused_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
+    exp_id = create(paused_name)
+    trial = _trial_run(client, paused_name)
+    run_id = trial.info.run_id
+    assert det(["experiment", "pause", exp_id]) == 0
+    _until(lambda: client.get_run(run_id).info.status == "KILLED", 60, "pause")
+    stopped_at = batches(run_id)
+    assert client.get_run(run_id).data.tags["det.state"] == "PAUSED"
+    assert checkpoint_records(client, run_id)[-1]["steps_completed"] == stopped_at
+    assert 0 < stopped_at < 300
+    time.sleep(3)
+    assert batches(run_id) == stopped_at  # the worker no longer trains it
+    assert det(["experiment", "pause", exp_id]) == 1  # pausing twice: one line, no change
+
+    # Activate: the same run goes on from its pause checkpoint to the end.
+    assert det(["experiment", "activate", exp_id]) == 0
+    assert det(["experiment", "wait", exp_id, "--polling-interval", "1"]) == 0
+    finished = client.get_run(run_id)
+    assert finished.info.status == "FINISHED" and batches(run_id) == 300
+    assert checkpoint_records(client, run_id)[-1]["steps_completed"] == 300
+    history = client.get_metric_history(run_id, "progress/batches")
+    resumed = [p.step for p in history if p.step <= stopped_at]
+    assert len(resumed) == len(set(resumed))  # nothing before the pause was trained twice
+    experiment = client.get_experiment_by_name(paused_name)
+    assert experiment is not None
+    assert len(client.search_runs([experiment.experiment_id])) == 2  # same parent, same trial
+
+    # Prefect's cancel: training stops on the worker within seconds, runs end KILLED.
+    cancelled_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
+    cancel_id = create(cancelled_name)
+    trial = _trial_run(client, cancelled_name)
+    from flows.det_cli.ids import experiment_run
+
+    flow_run = experiment_run(cancel_id)
+    with get_client(sync_client=True) as prefect:
+        prefect.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+    took = _until(lambda: client.get_run(trial.info.run_id).info.status == "KILLED", 60, "cancel")
+    assert took <= 10, f"training went on {took:.1f} s after the cancel"
+    halted = batches(trial.info.run_id)
+    time.sleep(3)
+    assert batches(trial.info.run_id) == halted
+    experiment = client.get_experiment_by_name(cancelled_name)
+    assert experiment is not None
+    ended = client.search_runs([experiment.experiment_id])
+    assert {r.info.status for r in ended} == {"KILLED"}
+    assert {r.data.tags.get("det.state") for r in ended} == {"CANCELED"}

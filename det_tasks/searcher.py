@@ -17,9 +17,11 @@ from typing import Any
 from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.hyperparameters import grid_values, sample_hparams
 from det_tasks.errors import ConfigError
+from det_tasks.plugins import load_one
 
 __all__ = [
     "MAX_INVALID_FACTOR",
+    "SEARCHER_PLUGINS",
     "AshaSearcher",
     "RandomSearcher",
     "Searcher",
@@ -28,6 +30,10 @@ __all__ = [
 ]
 
 MAX_INVALID_FACTOR = 10
+# Searchers other packages provide (optuna: flows.optuna_search), so det_tasks needs none of
+# their dependencies: an entry point ``name = "module:factory"``, factory(config,
+# max_batches) -> Searcher.
+SEARCHER_PLUGINS = "det_tasks.searchers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +72,10 @@ class Searcher:
         """Trials with a result at their final length, or dropped as invalid (skipped when
         an experiment resumes)."""
         return set(self.results) | self.invalid
+
+    def pruned(self) -> frozenset[int]:
+        """Trials a model-based searcher's pruner ended early (shown PRUNED, not STOPPED)."""
+        return frozenset()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -375,7 +385,31 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
             mode=s.mode,
             bracket_rungs=s.bracket_rungs,
         )
+    if s.name == "optuna":
+        return _plugin_searcher(config, max_batches)
     raise ConfigError(
         f"searcher.name {s.name!r} is not supported by det-tasks flows; use "
-        "single, grid, random or adaptive_asha"
+        "single, grid, random, adaptive_asha or optuna"
     )
+
+
+def _plugin_searcher(config: ExperimentConfig, max_batches: int | None) -> Searcher:
+    """A searcher from the ``det_tasks.searchers`` entry points; its extra is named after it."""
+    name = config.searcher.name
+    fix = f"pip install 'det-tasks[{name}]'"
+    try:
+        factory = load_one(SEARCHER_PLUGINS, name)
+    except ImportError as err:
+        missing = getattr(err, "name", None) or name
+        raise ConfigError(
+            f"searcher.name {name!r} needs the {missing!r} package, which is not installed: {fix}"
+        ) from None
+    if factory is None:
+        raise ConfigError(
+            f"searcher.name {name!r}: no {SEARCHER_PLUGINS} entry point named {name!r} is "
+            f"installed; reinstall det-tasks with its extra: {fix} (or pip install -e .)"
+        )
+    searcher = factory(config, max_batches)
+    if not isinstance(searcher, Searcher):
+        raise TypeError(f"the {name!r} searcher plugin returned {type(searcher).__name__}")
+    return searcher

@@ -29,9 +29,10 @@ from det_tasks.searcher import Searcher, Work
 from flows.engine import Placement, recycle, stop_everywhere
 from flows.stopping import StopControl
 from flows.tasks import TrialRef, checkpoint, train, validate
-from flows.trial_table import TrialTable
+from flows.trial_table import PRUNED, TrialTable
 from flows.workers import StepResult, run_step
 from registry.services import trial_run_tags
+from registry.tracking import STATE_TAG as RUN_STATE_TAG
 from registry.tracking import ExperimentRuns
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
@@ -244,8 +245,12 @@ class TrialChains:
         if stage.release:
             self.table.set_state(trial_id, "COMPLETED")
         elif not mine:
-            self.table.set_state(trial_id, "PAUSED")
+            pruned = trial_id in searcher.pruned()
+            # STOPPED unless promoted later
+            self.table.set_state(trial_id, PRUNED if pruned else "PAUSED")
             self._release(stage.ref, result)
+            if pruned:
+                self._mark_pruned(stage.ref)
         elif self._stopping:  # its next segment waits for activate (in the searcher state)
             assert self.stop is not None
             self.table.set_state(trial_id, self.stop.state or "PAUSED")
@@ -276,6 +281,18 @@ class TrialChains:
                 run_step, request, pure=False, workers=[result.worker], allow_other_workers=True
             )
         )
+
+    def _mark_pruned(self, ref: TrialRef) -> None:
+        """det.state PRUNED on the trial's run once its release has ended it (FINISHED):
+        the pruner, not the trial, decided it would not reach max_length."""
+
+        def tag(_: object = None) -> None:
+            self.runs.client.set_tag(ref.mlflow_run_id, RUN_STATE_TAG, PRUNED)
+
+        if ref.holdable and self.releases:
+            self.releases[-1].add_done_callback(tag)
+        else:
+            tag()
 
     def _ref(self, work: Work) -> TrialRef:
         if work.trial_id not in self.refs:

@@ -58,8 +58,12 @@ class Length(_Strict):
         return int(getattr(self, self.unit))
 
 
+_ASHA_ONLY = ("mode", "bracket_rungs", "stop_once")
+_OPTUNA_ONLY = ("sampler", "pruner")
+
+
 class SearcherConfig(_Strict):
-    name: Literal["single", "grid", "random", "adaptive_asha", "custom"]
+    name: Literal["single", "grid", "random", "adaptive_asha", "optuna", "custom"]
     metric: str
     smaller_is_better: bool = True
     max_length: Length | None = None
@@ -73,6 +77,10 @@ class SearcherConfig(_Strict):
     max_rungs: int = Field(default=5, ge=1)
     bracket_rungs: list[int] | None = None
     stop_once: bool = False
+    # optuna (model-based search; flows/optuna_search.py): the pruner validates at ASHA's
+    # rung lengths, from max_length, divisor and max_rungs.
+    sampler: Literal["tpe", "cmaes", "gp", "random", "qmc"] = "tpe"
+    pruner: Literal["none", "asha", "hyperband", "median"] = "asha"
     # deprecated: legacy step counts (a step is `scheduling_unit` batches)
     max_steps: int | None = Field(default=None, ge=1)
     source_trial_id: int | None = None
@@ -82,10 +90,21 @@ class SearcherConfig(_Strict):
     def _needs_length(self) -> SearcherConfig:
         if self.max_length is not None and self.max_steps is not None:
             raise ValueError("give max_length or the deprecated max_steps, not both")
-        if self.name in ("random", "adaptive_asha") and self.max_trials is None:
+        if self.name in ("random", "adaptive_asha", "optuna") and self.max_trials is None:
             raise ValueError(f"the {self.name} searcher needs max_trials, e.g. max_trials: 16")
-        if self.name == "adaptive_asha" and (self.time_metric is None) != (self.max_time is None):
-            raise ValueError("adaptive_asha needs both time_metric and max_time, or neither")
+        timed = self.name in ("adaptive_asha", "optuna")
+        if timed and (self.time_metric is None) != (self.max_time is None):
+            raise ValueError(f"{self.name} needs both time_metric and max_time, or neither")
+        given = self.model_fields_set
+        for field in (f for f in _OPTUNA_ONLY if f in given and self.name != "optuna"):
+            raise ValueError(
+                f"`searcher.{field}` is for name: optuna only; remove it or use name: optuna"
+            )
+        for field in (f for f in _ASHA_ONLY if f in given and self.name == "optuna"):
+            raise ValueError(
+                f"`searcher.{field}` is adaptive_asha's; optuna's pruner takes only "
+                "divisor and max_rungs: remove it"
+            )
         return self
 
 
@@ -234,7 +253,7 @@ class ExperimentConfig(_Strict):
         return (
             s.max_length is not None
             or s.max_steps is not None
-            or (s.name == "adaptive_asha" and s.max_time is not None)
+            or (s.name in ("adaptive_asha", "optuna") and s.max_time is not None)
         )
 
     @property

@@ -1,0 +1,75 @@
+"""searcher.name: optuna on the real flow, embedded (Prefect's ephemeral server, MLflow on
+SQLite, warm Dask workers): every trial the study asks for runs as a task chain, the
+pruned ones end at the first rung as PRUNED, and the parent's best is the best trial's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import env_without_platform
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "tests" / "fixtures" / "flow_model" / "optuna.yaml"
+
+
+def test_optuna_search_runs_on_the_flow(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    pytest.importorskip("optuna")
+    from det_tasks.config.loader import load_config
+    from det_tasks.searcher import make_searcher
+    from registry.tracking import client_for
+
+    env = env_without_platform(
+        DET_TASKS_HOME=str(tmp_path / "det"), PREFECT_HOME=str(tmp_path / "prefect")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.experiment", str(CONFIG)],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+
+    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("flow-optuna")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = {
+        int(r.data.tags["det.trial_id"]): r for r in runs if "mlflow.parentRunId" in r.data.tags
+    }
+    assert sorted(trials) == [1, 2, 3, 4, 5]
+
+    # The study the flow saved replays to the same trials, with the same ones pruned.
+    searcher = make_searcher(load_config(CONFIG))
+    searcher.load(json.loads(parent.data.tags["det.searcher_state"]))
+    assert searcher.finished() == {1, 2, 3, 4, 5}
+    pruned = searcher.pruned()
+    assert pruned, "seed 5 prunes at least one of five trials at the first rung"
+
+    last_loss = {}
+    for trial_id, run in trials.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["hp.hidden"] == str(searcher.created[trial_id]["hidden"])
+        lr = float(run.data.params["hp.learning_rate"])
+        assert lr == pytest.approx(searcher.created[trial_id]["learning_rate"])
+        assert 10**-2.5 <= lr <= 10**-0.3
+        history = client.get_metric_history(run.info.run_id, "validation/validation_loss")
+        steps = sorted(m.step for m in history)
+        expected = "PRUNED" if trial_id in pruned else "COMPLETED"
+        assert run.data.tags["det.state"] == expected, (trial_id, steps)
+        assert steps == ([8] if trial_id in pruned else [8, 16])
+        last_loss[trial_id] = min(m.value for m in history)
+
+    best = min(last_loss, key=last_loss.__getitem__)
+    assert parent.data.tags["det.best.trial_id"] == str(best)
+    assert float(parent.data.tags["det.best.validation_loss"]) == pytest.approx(last_loss[best])
+    assert summary["best"]["trial_id"] == best

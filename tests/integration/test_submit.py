@@ -319,7 +319,8 @@ def _until(predicate, timeout: float, what: str) -> float:
 
 def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path, monkeypatch):
     """det experiment pause stops the trial at a batch boundary with a checkpoint there and
-    frees its worker; activate continues the same MLflow run from that checkpoint to the end;
+    frees its worker; with every worker replaced meanwhile, activate continues the same
+    MLflow run from that checkpoint to the end;
     Prefect's cancel (what the UI's Cancel button does) stops a second experiment's training
     on its worker within seconds, its runs KILLED with det.state CANCELED."""
     from prefect.client.orchestration import get_client
@@ -362,6 +363,15 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     time.sleep(3)
     assert batches(run_id) == stopped_at  # the worker no longer trains it
     assert det(["experiment", "pause", exp_id]) == 1  # pausing twice: one line, no change
+
+    # Every worker process is replaced while it is paused (nothing holds the trial in
+    # memory any more): activate must restore it from the pause checkpoint.
+    from distributed import Client
+
+    from flows.engine import SCHEDULER_ENV
+
+    with Client(os.environ[SCHEDULER_ENV], timeout=30, set_as_default=False) as dask:
+        dask.restart(wait_for_workers=True)
 
     # Activate: the same run goes on from its pause checkpoint to the end.
     assert det(["experiment", "activate", exp_id]) == 0

@@ -84,12 +84,17 @@ CONFIG_NOTES: dict[str, str] = {
     "template).",
     "debug": "No effect: set log levels with Python's `logging`.",
     # searcher
-    "searcher.name": "`single`, `grid`, `random`, `adaptive_asha`. `custom` passes "
+    "searcher.name": "`single`, `grid`, `random`, `adaptive_asha`, `optuna` (model-based, "
+    "with the `optuna` extra; [searchers](../concepts/searchers.md)). `custom` passes "
     "validation, then a flow refuses it naming the supported ones; removed Determined names "
     "(`adaptive`, `adaptive_simple`, `pbt`, `sync_halving`, `async_halving`) are refused at "
     "load time.",
     "searcher.metric": "Validation metric that ranks trials and checkpoints.",
     "searcher.smaller_is_better": "Direction of `metric`.",
+    "searcher.sampler": "`optuna` only: `tpe` (default), `cmaes`, `gp`, `random`, `qmc`, "
+    "seeded by `reproducibility.experiment_seed`; `cmaes` refuses categorical hyperparameters.",
+    "searcher.pruner": "`optuna` only: `asha` (default), `hyperband`, `median`, `none`; judges "
+    "each validation at `adaptive_asha`'s rung lengths (`divisor`, `max_rungs`).",
     "searcher.max_length": "How long each trial trains (a [length](#length)); required for a "
     "trial class and for `adaptive_asha`, optional for a Trainer-API script.",
     "searcher.max_trials": "Trials to run (`random`, `adaptive_asha`: required); truncates "
@@ -228,6 +233,15 @@ FIELD_TESTS: dict[str, list[str]] = {
         _INTEGRATION + "test_dask_memory.py::test_workers_fit_the_hosts_available_memory",
     ],
     "searcher.divisor": [_INTEGRATION + "test_flows.py::test_asha_stops_worse_trials_early"],
+    "searcher.sampler": [
+        _UNIT + "test_optuna_searcher.py::test_every_sampler_proposes_seeded_points_in_range",
+        _UNIT + "test_optuna_searcher.py::test_bad_sampler_and_pruner_names_name_the_field",
+    ],
+    "searcher.pruner": [
+        _UNIT + "test_optuna_searcher.py::test_asha_pruner_stops_a_clearly_worse_trial_at_the_"
+        "first_rung",
+        _INTEGRATION + "test_optuna_flow.py::test_optuna_search_runs_on_the_flow",
+    ],
     "searcher.mode": [
         _UNIT + "test_searcher_invalid_hp.py::test_asha_brackets_follow_mode_and_bracket_rungs_as_"
         "determined"

@@ -25,6 +25,7 @@ from infra.services import start, stop
 from infra.stack import deploy, prefect_worker_service
 from registry.experiment_view import describe_experiment_run
 from registry.tracking import client_for
+from tests.integration.helpers import env_without_platform
 
 SUBMIT_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "submit_model"
 FLOW_MODEL = SUBMIT_MODEL.parent / "flow_model"
@@ -326,6 +327,7 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
+    from det_tasks.pytorch import load_trial_from_checkpoint_path
     from flows.det_cli import main as det
     from registry.checkpoints import checkpoint_records
 
@@ -385,6 +387,22 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     experiment = client.get_experiment_by_name(paused_name)
     assert experiment is not None
     assert len(client.search_runs([experiment.experiment_id])) == 2  # same parent, same trial
+    # Bit-equal to the same trial never paused, trained in one local process (sleep_s only
+    # sleeps: it changes no number).
+    reference_dir = tmp_path / "reference"
+    reference = subprocess.run(
+        [str(Path(sys.executable).with_name("det-tasks")), "run", "killable.yaml", ".",
+         "-p", "hyperparameters.sleep_s=0", "-p", "searcher.max_length={batches: 300}",
+         "--checkpoint-dir", str(reference_dir), "--no-progress"],
+        env=env_without_platform(DET_TASKS_HOME=str(tmp_path / "home")),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    newest = max(reference_dir.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
+    got = load_trial_from_checkpoint_path(checkpoint_records(client, run_id)[-1]["uri"])
+    want = load_trial_from_checkpoint_path(str(newest.parent), trial_class=type(got))
+    for a, b in zip(want.model.state_dict().values(), got.model.state_dict().values()):
+        assert torch.equal(a, b)
 
     # Prefect's cancel: training stops on the worker within seconds, runs end KILLED.
     cancelled_name = f"lifecycle-{uuid.uuid4().hex[:6]}"

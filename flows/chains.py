@@ -31,9 +31,10 @@ from flows.stopping import StopControl
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
 from flows.workers import StepResult, run_step
+from registry.models import trial_runs
 from registry.services import trial_run_tags
 from registry.tracking import STATE_TAG as RUN_STATE_TAG
-from registry.tracking import ExperimentRuns
+from registry.tracking import TRIAL_TAG, ExperimentRuns
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
 
@@ -89,6 +90,7 @@ class TrialChains:
         or kill (running trials then stop at their next batch boundary); returns the best
         trial's summary."""
         self.stop = stop
+        self._settle_pruned(searcher)
         running: dict[Future[Any], _Stage] = {}
         active = 0
         while (todo and not self._stopping) or running:
@@ -293,6 +295,22 @@ class TrialChains:
             self.releases[-1].add_done_callback(tag)
         else:
             tag()
+
+    def _settle_pruned(self, searcher: Searcher) -> None:
+        """Trials pruned before this flow started (a re-run or activate after the flow died
+        between the pruning and its tag): their runs end FINISHED with det.state PRUNED."""
+        pruned = {str(t) for t in searcher.pruned()}
+        if not pruned:
+            return
+        parent = self.runs.client.get_run(self.runs.parent_run_id)
+        for run in trial_runs(self.runs.client, parent):
+            if (
+                run.data.tags.get(TRIAL_TAG) in pruned
+                and run.data.tags.get(RUN_STATE_TAG) != PRUNED
+            ):
+                if run.info.status != "FINISHED":
+                    self.runs.finish(run.info.run_id, "FINISHED")
+                self.runs.client.set_tag(run.info.run_id, RUN_STATE_TAG, PRUNED)
 
     def _ref(self, work: Work) -> TrialRef:
         if work.trial_id not in self.refs:

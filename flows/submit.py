@@ -233,8 +233,13 @@ def experiment_runs(limit: int) -> list[Any]:
 def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     from registry.cli import _client, _table
     from registry.experiment_view import describe_experiment_run
+    from registry.run_states import end_orphans
 
     client = _client()
+    # Runs whose flow died without a word (SIGKILL, a lost host) end here, ORPHANED, so a
+    # listing never shows them RUNNING for more than a minute past their last heartbeat.
+    for orphan in end_orphans(client, [e.experiment_id for e in client.search_experiments()]):
+        print(f"ended MLflow run {orphan}: its flow stopped without a word", file=sys.stderr)
     rows = []
     for run in experiment_runs(args.limit):
         view = describe_experiment_run(client, str(run.id))

@@ -423,3 +423,4 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     ended = client.search_runs([experiment.experiment_id])
     assert {r.info.status for r in ended} == {"KILLED"}
     assert {r.data.tags.get("det.state") for r in ended} == {"CANCELED"}
+    assert det(["experiment", "list"]) == 0  # sweeps orphans first: none here

@@ -1,0 +1,37 @@
+"""Runs whose flow died without a word (SIGKILL of the flow's process, a lost host) are found
+by their stale heartbeat and ended KILLED with det.state ORPHANED; a live experiment's runs
+are left alone. Real MLflow (a local SQLite store)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+
+def test_a_parent_without_heartbeat_for_a_minute_is_ended_with_its_trials(tmp_path: Path):
+    pytest.importorskip("mlflow")
+    from registry.run_states import ORPHAN_AFTER_S, end_orphans, heartbeat
+    from registry.tracking import PARENT_TAG, client_for
+
+    client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("orphans", artifact_location=tmp_path.as_uri())
+    now = time.time()
+
+    def experiment(last_beat: float) -> tuple[str, str]:
+        parent = client.create_run(experiment_id).info.run_id
+        heartbeat(client, parent, now=last_beat)
+        trial = client.create_run(experiment_id, tags={PARENT_TAG: parent}).info.run_id
+        return parent, trial
+
+    dead = experiment(now - ORPHAN_AFTER_S - 5)
+    alive = experiment(now - ORPHAN_AFTER_S + 30)
+
+    assert end_orphans(client, [experiment_id], now=now) == [dead[0]]
+    for run_id in dead:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.info.end_time is not None
+        assert run.data.tags["det.state"] == "ORPHANED"
+    assert {client.get_run(r).info.status for r in alive} == {"RUNNING"}
+    assert end_orphans(client, [experiment_id], now=now) == []  # ended once

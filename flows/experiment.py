@@ -55,6 +55,15 @@ from registry.tracking import ExperimentRuns, client_for, mlflow_link
 __all__ = ["experiment", "worker_count"]
 
 
+def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
+    """How many trials the searcher will run: ``max_trials`` for those that propose trials
+    as others finish (random, adaptive_asha, optuna: their first proposals are fewer),
+    else the trials known now (single, grid)."""
+    if cfg.searcher.name in ("random", "adaptive_asha", "optuna") and cfg.searcher.max_trials:
+        return max(known, cfg.searcher.max_trials)
+    return known
+
+
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
     tags = runs.client.get_run(runs.parent_run_id).data.tags
     if STATE_TAG in tags:
@@ -140,7 +149,7 @@ def _run_experiment(
         cfg.searcher.metric,
         cfg.searcher.smaller_is_better,
         lambda run_id: mlflow_link(settings.tracking_uri or "", runs.experiment_id, run_id),
-        total_trials=len({w.trial_id for w in todo} | finished),
+        total_trials=_expected_trials(cfg, len({w.trial_id for w in todo} | finished)),
     )
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)

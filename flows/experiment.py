@@ -30,7 +30,7 @@ from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.runner.local import check_entrypoint, load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
-from flows.chains import STATE_TAG, TrialChains, final_segment
+from flows.chains import TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.engine import (
@@ -48,6 +48,7 @@ from flows.workers import TrialFailed
 from registry.packages import fetch_package
 from registry.run_states import end_orphans, end_running_runs, record_failure
 from registry.s3 import client as s3_client
+from registry.searcher_state import load_searcher_state
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, mlflow_link
@@ -65,9 +66,9 @@ def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
 
 
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
-    tags = runs.client.get_run(runs.parent_run_id).data.tags
-    if STATE_TAG in tags:
-        searcher.load(json.loads(tags[STATE_TAG]))
+    state = load_searcher_state(runs.client.get_run(runs.parent_run_id).data.tags)
+    if state is not None:
+        searcher.load(state)
 
 
 # Threads only wait on Dask futures; enough for every running trial's task.

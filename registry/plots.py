@@ -1,7 +1,11 @@
 """The pictures logged to an experiment's parent run: the learning-curves PNG and one
 interactive plotly page (``experiment.html``: every trial's learning curve and the searcher
 metric against each hyperparameter the search varied, the view Determined's experiment page
-gave), which MLflow's artifact viewer renders."""
+gave), which MLflow's artifact viewer renders.
+
+Each trial keeps one colour in both, none repeated however many trials there are (a
+qualitative palette up to 20, then evenly spaced along a continuous scale), and a
+hyperparameter sampled ``type: log`` is drawn on a log axis."""
 
 from __future__ import annotations
 
@@ -13,7 +17,16 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-__all__ = ["TrialCurve", "log_interactive_plots", "log_learning_curves", "trial_curves"]
+__all__ = [
+    "TrialCurve",
+    "interactive_figure",
+    "learning_curves_figure",
+    "log_interactive_plots",
+    "log_learning_curves",
+    "log_scaled",
+    "trial_colors",
+    "trial_curves",
+]
 
 HTML_NAME = "experiment.html"
 
@@ -50,23 +63,35 @@ def log_learning_curves(
     """Plot every trial's validation ``metric`` against batches; log it as a PNG artifact."""
     if not curves:
         return None
+    fig = learning_curves_figure(curves, metric)
+    out = Path(tempfile.mkdtemp()) / "learning_curves.png"
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    client.log_artifact(parent_run_id, str(out))
+    return out
+
+
+def learning_curves_figure(curves: list[TrialCurve], metric: str) -> Any:
+    """The matplotlib figure of ``learning_curves.png``: one coloured line per trial."""
     # Imported here, not at module level: every warm trial worker imports this module, and
     # matplotlib cost each of them ~18 MB of private memory (measured) for a plot it never draws.
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
-    for curve in curves:
-        ax.plot(curve.steps, curve.values, marker="o", label=curve.label)
-    ax.set_xlabel("batches")
-    ax.set_ylabel(metric)
-    ax.set_title(f"validation {metric} per trial")
+    for curve, color in zip(curves, trial_colors(len(curves)), strict=True):
+        ax.plot(curve.steps, curve.values, marker="o", label=curve.label, color=color)
+    ax.set_xlabel("batches trained")
+    ax.set_ylabel(f"validation {metric}")
+    ax.set_title(f"{metric} per trial")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    out = Path(tempfile.mkdtemp()) / "learning_curves.png"
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    client.log_artifact(parent_run_id, str(out))
-    return out
+    # Beside the axes, not over the curves (the figure grows to fit it).
+    ax.legend(
+        fontsize="small",
+        ncol=max(1, math.ceil(len(curves) / 24)),
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    return fig
 
 
 def log_interactive_plots(
@@ -75,10 +100,24 @@ def log_interactive_plots(
     curves: list[TrialCurve],
     metric: str,
     smaller_is_better: bool,
+    raw_config: dict[str, Any] | None = None,
 ) -> Path | None:
-    """One self-contained HTML page (plotly.js inlined: the UI may have no internet)."""
+    """One self-contained HTML page (plotly.js inlined: the UI may have no internet);
+    ``raw_config``'s ``type: log`` hyperparameters get log axes."""
     if not curves:
         return None
+    fig = interactive_figure(curves, metric, smaller_is_better, raw_config or {})
+    out = Path(tempfile.mkdtemp()) / HTML_NAME
+    fig.write_html(out, include_plotlyjs=True, full_html=True)
+    client.log_artifact(parent_run_id, str(out))
+    return out
+
+
+def interactive_figure(
+    curves: list[TrialCurve], metric: str, smaller_is_better: bool, raw_config: dict[str, Any]
+) -> Any:
+    """The plotly figure of ``experiment.html``: the learning curves, then the best metric
+    against each hyperparameter the trials differ in (log axis for ``type: log`` ones)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -89,19 +128,31 @@ def log_interactive_plots(
         if len({c.hparams.get(k) for c in curves}) > 1
     )
     best = min if smaller_is_better else max
+    logs = log_scaled(raw_config)
+    colors = trial_colors(len(curves))
     fig = make_subplots(
         rows=1 + len(names),
         cols=1,
-        subplot_titles=[f"{metric} per trial (validation)"]
-        + [f"best {metric} against {name}" for name in names],
+        subplot_titles=[f"{metric} per trial"]
+        + [
+            f"best {metric} against {name}" + (" (log scale)" if name in logs else "")
+            for name in names
+        ],
         vertical_spacing=0.3 / max(len(names), 1),
     )
-    for curve in curves:
+    for curve, color in zip(curves, colors, strict=True):
         fig.add_trace(
-            go.Scatter(x=curve.steps, y=curve.values, mode="lines+markers", name=curve.label),
+            go.Scatter(
+                x=curve.steps,
+                y=curve.values,
+                mode="lines+markers",
+                name=curve.label,
+                line={"color": color},
+            ),
             row=1,
             col=1,
         )
+    color_of = dict(zip((c.label for c in curves), colors, strict=True))
     for row, name in enumerate(names, start=2):
         scored = [
             (c, best(v for v in c.values if math.isfinite(v)))
@@ -113,6 +164,7 @@ def log_interactive_plots(
                 x=[_number(c.hparams.get(name, "")) for c, _ in scored],
                 y=[value for _, value in scored],
                 mode="markers",
+                marker={"color": [color_of[c.label] for c, _ in scored], "size": 9},
                 text=[c.label for c, _ in scored],
                 name=name,
                 showlegend=False,
@@ -120,15 +172,50 @@ def log_interactive_plots(
             row=row,
             col=1,
         )
-        fig.update_xaxes(title_text=name, row=row, col=1)
-        fig.update_yaxes(title_text=metric, row=row, col=1)
-    fig.update_xaxes(title_text="batches", row=1, col=1)
-    fig.update_yaxes(title_text=metric, row=1, col=1)
-    fig.update_layout(height=420 * (1 + len(names)), title_text=f"experiment: {metric}")
-    out = Path(tempfile.mkdtemp()) / HTML_NAME
-    fig.write_html(out, include_plotlyjs=True, full_html=True)
-    client.log_artifact(parent_run_id, str(out))
-    return out
+        fig.update_xaxes(title_text=name, type="log" if name in logs else None, row=row, col=1)
+        fig.update_yaxes(title_text=f"best validation {metric}", row=row, col=1)
+    fig.update_xaxes(title_text="batches trained", row=1, col=1)
+    fig.update_yaxes(title_text=f"validation {metric}", row=1, col=1)
+    fig.update_layout(
+        height=420 * (1 + len(names)),
+        title_text=f"{metric} per trial, and against each hyperparameter the search varied",
+    )
+    return fig
+
+
+def trial_colors(count: int) -> list[str]:
+    """``count`` distinct colours (``#rrggbb``): a qualitative palette while it lasts (10,
+    then 20), then evenly spaced along a continuous scale."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    if count <= 10:
+        return [to_hex(c) for c in colormaps["tab10"].colors[:count]]  # type: ignore[attr-defined]
+    if count <= 20:
+        return [to_hex(c) for c in colormaps["tab20"].colors[:count]]  # type: ignore[attr-defined]
+    scale = colormaps["turbo"]
+    return [to_hex(scale(0.05 + 0.9 * i / (count - 1))) for i in range(count)]
+
+
+def log_scaled(raw_config: dict[str, Any]) -> set[str]:
+    """The flattened names (as in ``hp.<name>``) of the hyperparameters sampled ``type: log``."""
+    from det_tasks.config.hyperparameters import LogHP, parse_hyperparameters
+
+    try:
+        space = parse_hyperparameters(raw_config.get("hyperparameters") or {})
+    except ValueError:  # validated before any trial ran; a partial config has no space
+        return set()
+
+    def walk(node: dict[str, Any], prefix: str) -> set[str]:
+        names: set[str] = set()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                names |= walk(value, f"{prefix}{key}.")
+            elif isinstance(value, LogHP):
+                names.add(f"{prefix}{key}")
+        return names
+
+    return walk(space, "")
 
 
 def _number(text: str) -> float | str:

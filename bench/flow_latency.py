@@ -133,13 +133,13 @@ def warm_step_overheads(trials: int = 4) -> list[float]:
         match = WORK.search(log.message)
         if match and log.task_run_id:
             work[log.task_run_id] = float(match.group(1))
-    # Names end with the trial's MLflow run, ` (mlflow <run id>)`: key them by the step alone.
-    named = {t.name.split(" (mlflow ")[0]: t for t in tasks}
+    # Names are the step and the trial: "train trial-3 0-50", "validate trial-3 @50".
+    named = {t.name: t for t in tasks}
     overheads = []
     for name, task in named.items():
         if not name.startswith("train "):
             continue
-        trial, stop = re.match(r"train (trial-\d+) \[\d+→(\d+)\)", name).groups()  # type: ignore[union-attr]
+        trial, stop = re.match(r"train (trial-\d+) \d+-(\d+)", name).groups()  # type: ignore[union-attr]
         validate, ckpt = named[f"validate {trial} @{stop}"], named[f"checkpoint {trial} @{stop}"]
         span = (ckpt.end_time - task.end_time).total_seconds()
         overheads.append(span - work[validate.id] - work[ckpt.id])

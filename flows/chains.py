@@ -2,7 +2,7 @@
 
 Each segment the searcher hands out (train trial T until batch B) becomes three tasks,
 submitted one after another as each finishes, each taking the previous one as its input:
-``train trial-T [A→B)`` -> ``validate trial-T @B`` -> ``checkpoint trial-T @B``; the next
+``train trial-T A-B`` -> ``validate trial-T @B`` -> ``checkpoint trial-T @B``; the next
 segment of the same trial (an ASHA promotion) takes that checkpoint task as its input, so
 Prefect's graph draws every trial as one chain. At most ``max_concurrent_trials`` segments
 run at once; a trial the searcher continues right away starts first, on the worker that
@@ -35,6 +35,7 @@ from registry.models import trial_runs
 from registry.services import trial_run_tags
 from registry.tracking import STATE_TAG as RUN_STATE_TAG
 from registry.tracking import TRIAL_TAG, ExperimentRuns
+from registry.trial_states import ERROR, STOPPED
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
 
@@ -108,7 +109,7 @@ class TrialChains:
                 try:
                     result: StepResult = fut.result()
                 except BaseException:
-                    self.table.set_state(stage.work.trial_id, "ERRORED")
+                    self.table.set_state(stage.work.trial_id, ERROR)
                     self.table.publish()
                     raise
                 self.placement.ran(stage.work.trial_id, result.worker)
@@ -177,7 +178,7 @@ class TrialChains:
         worker = self.placement.claim(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
-            task_run_name=ref.task_name("train", f"[{start}→{self._label(stop)})"),
+            task_run_name=ref.task_name("train", f"{start}-{self._label(stop)}"),
             retries=self.cfg.max_restarts,
         ).submit(
             ref,
@@ -250,7 +251,7 @@ class TrialChains:
             pruned = trial_id in searcher.pruned()
             # STOPPED unless promoted later
             self.table.set_state(trial_id, PRUNED if pruned else "PAUSED")
-            self._release(stage.ref, result)
+            self._release(stage.ref, result, STOPPED)
             if pruned:
                 self._mark_pruned(stage.ref)
         elif self._stopping:  # its next segment waits for activate (in the searcher state)
@@ -271,7 +272,8 @@ class TrialChains:
 
     def _release(self, ref: TrialRef, result: StepResult, stopped_as: str | None = None) -> None:
         """Free the paused trial's worker (fire and forget; awaited at the end);
-        ``stopped_as``: its run ends KILLED with that state."""
+        ``stopped_as``: its run's det.state (STOPPED by the searcher: FINISHED; PAUSED or
+        CANCELED on request: KILLED)."""
         if not ref.holdable:
             return
         request = dataclasses.replace(

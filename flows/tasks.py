@@ -1,10 +1,11 @@
-"""The Prefect tasks of one trial: ``train trial-3 [0→500)``, ``validate trial-3 @500``,
+"""The Prefect tasks of one trial: ``train trial-3 0-500``, ``validate trial-3 @500``,
 ``checkpoint trial-3 @500``, each taking the previous one's result as its input (so the
 flow-run graph draws a trial as a chain and ASHA promotions extend it).
 
 A task is a thin record in Prefect: its work runs on a warm Dask worker (flows.workers),
 addressed by position, so a retry (max_restarts) continues from the trial's checkpoint with
-exactly equal results. Each task's name carries its trial and MLflow run.
+exactly equal results. Each task's name says its step and trial; its first log line names
+the trial's MLflow run.
 """
 
 from __future__ import annotations
@@ -60,10 +61,12 @@ class TrialRef:
         )
 
     def task_name(self, kind: str, where: str) -> str:
-        """``train trial-3 [0→500) (mlflow <run id>)``: the step, the trial and its MLflow run.
-        Not Prefect tags: a tagged task takes a concurrency-slot write on the Prefect server
-        before it starts, which SQLite refuses (503) when many trials write at once."""
-        return f"{kind} trial-{self.spec.trial_id} {where} (mlflow {self.mlflow_run_id})"
+        """``train trial-3 0-500``, ``validate trial-3 @500``: short and ASCII, as Prefect's
+        graph draws labels in a font without "→". The MLflow run is in the trials table
+        and the task's log, not in Prefect tags: a tagged task takes a concurrency-slot
+        write on the Prefect server before it starts, which SQLite refuses (503) when many
+        trials write at once."""
+        return f"{kind} trial-{self.spec.trial_id} {where}"
 
 
 def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:

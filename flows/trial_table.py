@@ -32,15 +32,16 @@ from det_tasks.config.hyperparameters import flatten_hparams
 from registry.experiment_view import TrialBest, best_point, trial_best
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
+from registry.trial_states import CANCELED, COMPLETED, ERROR, STOPPED
 
 __all__ = ["FINISHED_STATES", "PRUNED", "SETTLED_STATES", "TrialTable", "significant"]
 
 PRUNED = "PRUNED"  # ended early by an optuna searcher's pruner (its run: FINISHED, det.state)
 
 # States whose trial run has been released, so its MLflow history is complete.
-SETTLED_STATES = frozenset({"COMPLETED", "STOPPED", PRUNED})
+SETTLED_STATES = frozenset({COMPLETED, STOPPED, PRUNED})
 # States that count as done for the progress artifact.
-FINISHED_STATES = SETTLED_STATES | {"CANCELED", "ERRORED", "INVALID_HP"}
+FINISHED_STATES = SETTLED_STATES | {CANCELED, ERROR, "INVALID_HP"}
 DIGITS = 4  # significant digits of every number the table shows
 
 BestOf = Callable[[str], TrialBest]  # MLflow run id -> the trial's best

@@ -540,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             env = up(config)
             print(
-                f"MLflow UI: {config.mlflow_uri}   Prefect UI: {config.prefect_api[:-4]}   "
+                # workflowType: MLflow 3.17 opens its GenAI pages without it.
+                f"MLflow UI: {config.mlflow_uri}/#/experiments?workflowType=machine_learning   "
+                f"Prefect UI: {config.prefect_api[:-4]}   "
                 f"S3: {config.s3_endpoint} (bucket {BUCKET})"
             )
             print(f"environment for clients: source {config.root / 'env'}")

@@ -21,7 +21,8 @@ from registry.checkpoints import (
 )
 from registry.models import trial_runs
 from registry.settings import RegistrySettings
-from registry.tracking import EXPERIMENT_RUN_TAG, TRIAL_TAG, client_for
+from registry.tracking import EXPERIMENT_RUN_TAG, STATE_TAG, TRIAL_TAG, client_for
+from registry.trial_states import trial_state
 
 __all__ = [
     "ExperimentView",
@@ -86,7 +87,7 @@ def trial_best(
 class TrialView:
     trial_id: str
     run_id: str
-    state: str
+    state: str  # registry.trial_states: COMPLETED, STOPPED, ERROR... as the trials table says
     batches: int
     metric: float | None  # the best validation value, at batch best_step
     checkpoint: str | None
@@ -127,7 +128,7 @@ def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> T
     return TrialView(
         trial_id=run.data.tags.get(TRIAL_TAG, "?"),
         run_id=run.info.run_id,
-        state=run.info.status,
+        state=trial_state(run.info.status, run.data.tags.get(STATE_TAG)),
         batches=int(batches),
         metric=best.value,
         checkpoint=best.checkpoint,

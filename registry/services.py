@@ -24,7 +24,16 @@ from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
-from registry.tracking import ERROR_TAG, STATE_TAG, ExperimentRuns, client_for, mlflow_link
+from registry.system_metrics import start_system_metrics
+from registry.tracking import (
+    DESCRIPTION_TAG,
+    ERROR_TAG,
+    ExperimentRuns,
+    client_for,
+    mlflow_link,
+    report_link,
+)
+from registry.trial_states import ERROR, STOPPED
 
 __all__ = [
     "ERROR_TAG",
@@ -104,6 +113,7 @@ def trial_services(
         print(f"MLflow run: {link}", file=sys.stderr)
     monitor = start_system_metrics(settings, run_id)
     status, error = "FAILED", None
+    state: str | None = ERROR
     try:
         yield RunServices(
             metrics_sink=sink,
@@ -111,10 +121,11 @@ def trial_services(
             tensorboard_dir=str(tensorboard_dir),
             run_url=link,
         )
-        status = "FINISHED"
-    except TrialStopped as stopped:  # a pause, cancel or kill: not a failure
-        status = "KILLED"
-        client.set_tag(run_id, STATE_TAG, stopped.state)
+        status, state = "FINISHED", None  # COMPLETED
+    except TrialStopped as stopped:  # not a failure: the searcher, a pause, cancel or kill
+        # The searcher's stop is a normal end (FINISHED); a stop on request is KILLED.
+        status = "FINISHED" if stopped.state == STOPPED else "KILLED"
+        state = stopped.state
         raise
     except BaseException as err:
         error = err
@@ -132,30 +143,12 @@ def trial_services(
         else:
             if error is not None:
                 _tag_error(client, run_id, error)
-                with contextlib.suppress(Exception):
-                    client.set_tag(run_id, STATE_TAG, "ERROR")
-            runs.finish(run_id, status)
+            runs.finish(run_id, status, state)
             if owns_experiment_run:
                 finish_experiment(runs, s3, status)
             elif status == "FINISHED":
                 parent = client.get_run(runs.parent_run_id)
                 collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
-
-
-def start_system_metrics(settings: RegistrySettings, run_id: str) -> Any:
-    """MLflow's system-metrics sampler (CPU, memory, disk, network; GPU where pynvml finds
-    one) on the trial run, every ``DET_TASKS_SYSTEM_METRICS_INTERVAL`` seconds (0: off)."""
-    if settings.system_metrics_interval <= 0:
-        return None
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    monitor = SystemMetricsMonitor(
-        run_id,
-        sampling_interval=settings.system_metrics_interval,
-        tracking_uri=settings.tracking_uri,
-    )
-    monitor.start()
-    return monitor
 
 
 def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRuns) -> bool:
@@ -202,5 +195,21 @@ def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -
                 log_best_trial(client, runs.parent_run_id, best)
             curves = trial_curves(client, trials, metric)
             log_learning_curves(client, runs.parent_run_id, curves, metric)
-            log_interactive_plots(client, runs.parent_run_id, curves, metric, smaller)
+            page = log_interactive_plots(
+                client, runs.parent_run_id, curves, metric, smaller, runs.raw_config
+            )
+            if page is not None:
+                _describe_report(runs, page.name)
     runs.finish(runs.parent_run_id, status)
+
+
+def _describe_report(runs: ExperimentRuns, path: str) -> None:
+    """The parent run's description links its interactive page in MLflow's artifact viewer
+    (a plain artifact link would download it)."""
+    uri = RegistrySettings.from_env().tracking_uri or ""
+    link = report_link(uri, runs.experiment_id, runs.parent_run_id, path)
+    if uri.startswith(("http://", "https://")):
+        text = f"Learning curves and the metric against each hyperparameter: [{path}]({link})"
+    else:
+        text = f"Learning curves and the metric against each hyperparameter: {link}"
+    runs.client.set_tag(runs.parent_run_id, DESCRIPTION_TAG, text)

@@ -4,6 +4,7 @@ a resumed flow) returns the same run instead of a duplicate."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -18,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from det_tasks.config.hyperparameters import flatten_hparams
 from det_tasks.first_use import create_once
 from registry.settings import RegistrySettings
+from registry.trial_states import COMPLETED
+from registry.trials_view import TRIALS_VIEW_KEY, TRIALS_VIEW_TAG, trials_view
 
 __all__ = [
     "ERROR_TAG",
@@ -29,14 +32,17 @@ __all__ = [
     "ExperimentRuns",
     "client_for",
     "ensure_experiment",
+    "experiment_params",
     "flat_params",
     "mlflow_link",
+    "report_link",
 ]
 
 TRIAL_TAG = "det.trial_id"
 EXPERIMENT_RUN_TAG = "det.experiment_run"
-# Why a run ended or what it is doing, in Determined's words (ACTIVE, PAUSED, CANCELED):
-# MLflow's statuses cannot say "paused" (a paused run is KILLED with det.state PAUSED).
+# Why a run ended or what it is doing, in Determined's words (registry.run_states): MLflow's
+# statuses cannot say "paused" (KILLED, det.state PAUSED) or "stopped by the searcher"
+# (FINISHED, det.state STOPPED).
 STATE_TAG = "det.state"
 # Why a run FAILED: the error, and for a trial's step the trial, function and batch.
 ERROR_TAG = "det.error"
@@ -69,17 +75,73 @@ def _create_schema(tracking_uri: str) -> None:
     MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 
-def flat_params(hparams: dict[str, Any], raw_config: dict[str, Any]) -> dict[str, str]:
-    """Hyperparameters plus the searcher and resources settings, as MLflow params."""
-    params = {f"hp.{k}": v for k, v in flatten_hparams(hparams).items()}
-    for section in ("searcher", "resources"):
-        value = raw_config.get(section)
+# Top-level settings that bound or pace an experiment, logged beside searcher.* and
+# resources.*, with the config's defaults where the YAML leaves them out.
+BUDGET_FIELDS = (
+    "records_per_epoch",
+    "min_validation_period",
+    "min_checkpoint_period",
+    "checkpoint_policy",
+    "perform_initial_validation",
+    "max_restarts",
+    "reproducibility",
+)
+
+
+def experiment_params(raw_config: dict[str, Any]) -> dict[str, Any]:
+    """The experiment's settings as MLflow params, flattened as trial runs' ``hp.*`` are:
+    ``searcher.name``, ``searcher.max_length.batches``, ``resources.slots_per_trial``,
+    ``max_restarts``, ``reproducibility.experiment_seed``... Defaults the YAML leaves out
+    are filled in, so every run says what it ran with."""
+    from pydantic import ValidationError
+
+    from det_tasks.config.experiment import ExperimentConfig, ResourcesConfig, SearcherConfig
+
+    params: dict[str, Any] = {}
+    for section, model in (("searcher", SearcherConfig), ("resources", ResourcesConfig)):
+        given = raw_config.get(section)
+        given = given if isinstance(given, dict) else {}
+        try:  # the caller validated the whole config; a partial one is logged as given
+            values = model.model_validate(given).model_dump(mode="json", exclude_none=True)
+        except ValidationError:
+            values = given
+        params.update(flatten_hparams(values, f"{section}."))
+    fields = ExperimentConfig.model_fields
+    for name in BUDGET_FIELDS:
+        value = raw_config.get(name)
+        if value is None:
+            default = fields[name].get_default(call_default_factory=True)
+            value = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
         if isinstance(value, dict):
-            params.update({f"{section}.{k}": v for k, v in flatten_hparams(value).items()})
+            params.update(flatten_hparams(value, f"{name}."))
+        elif value is not None:
+            params[name] = value
+    return params
+
+
+def flat_params(hparams: dict[str, Any], raw_config: dict[str, Any]) -> dict[str, str]:
+    """A trial run's params: its hyperparameters (``hp.*``) plus the experiment's settings
+    (``experiment_params``)."""
+    params = {f"hp.{k}": v for k, v in flatten_hparams(hparams).items()}
+    params.update(experiment_params(raw_config))
+    return _as_text(params)
+
+
+def _as_text(params: dict[str, Any]) -> dict[str, str]:
     return {
         k: (json.dumps(v) if isinstance(v, dict | list) else str(v))[:6000]
         for k, v in params.items()
     }
+
+
+def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    batch = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(batch), 100):
+        _retry(
+            lambda chunk=batch[start : start + 100]: client.log_batch(  # type: ignore[misc]
+                run_id, params=chunk
+            )
+        )
 
 
 class ExperimentRuns:
@@ -94,11 +156,17 @@ class ExperimentRuns:
             client, experiment_name, str(description) if description else None
         )
         self.raw_config = raw_config
-        self.parent_run_id = self._find_or_create(
-            {EXPERIMENT_RUN_TAG: run_key},
-            run_name=f"{experiment_name}-{run_key[:8]}",
-            tags=self._parent_tags(run_key),
-        )
+        self._view_columns: tuple[str, ...] | None = None
+        found = self._find({EXPERIMENT_RUN_TAG: run_key})
+        if found:
+            self.parent_run_id = found
+        else:
+            self.parent_run_id = self._find_or_create(
+                {EXPERIMENT_RUN_TAG: run_key},
+                run_name=f"{experiment_name}-{run_key[:8]}",
+                tags=self._parent_tags(run_key),
+            )
+            _log_params(client, self.parent_run_id, _as_text(experiment_params(raw_config)))
 
     def _parent_tags(self, run_key: str) -> dict[str, str]:
         searcher = self.raw_config.get("searcher") or {}
@@ -119,18 +187,34 @@ class ExperimentRuns:
             run_name=f"trial-{trial_id}",
             tags={TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id, **tags},
         )
-        params = [Param(k, v) for k, v in flat_params(hparams, self.raw_config).items()]
-        for start in range(0, len(params), 100):
-            _retry(
-                lambda chunk=params[start : start + 100]: self.client.log_batch(  # type: ignore[misc]
-                    run_id, params=chunk
-                )
-            )
+        _log_params(self.client, run_id, flat_params(hparams, self.raw_config))
+        self._show_trials(sorted(f"hp.{k}" for k in flatten_hparams(hparams)))
         return run_id
 
-    def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        if status == "FINISHED":
-            self.client.set_tag(run_id, STATE_TAG, "COMPLETED")
+    def _show_trials(self, hp_columns: list[str]) -> None:
+        """The experiment's saved runs view (``mlflow_link`` opens it): every trial of the
+        experiment, flat, best first by the searcher metric, with its state and one column
+        per hyperparameter. Written when a trial brings columns this run has not shown."""
+        searcher = self.raw_config.get("searcher") or {}
+        metric = searcher.get("metric")
+        columns = (str(metric or ""), *hp_columns)
+        if self._view_columns is not None and set(columns) <= set(self._view_columns):
+            return
+        self._view_columns = tuple(dict.fromkeys((*(self._view_columns or ()), *columns)))
+        view = trials_view(
+            str(metric) if metric else None,
+            bool(searcher.get("smaller_is_better", True)),
+            list(self._view_columns[1:]),
+        )
+        with contextlib.suppress(MlflowException):  # the view is a convenience
+            self.client.set_experiment_tag(self.experiment_id, TRIALS_VIEW_TAG, view)
+
+    def finish(self, run_id: str, status: str = "FINISHED", state: str | None = None) -> None:
+        """End a run with MLflow ``status`` and ``det.state`` ``state`` (default for a
+        FINISHED run: COMPLETED; other statuses keep the state already recorded)."""
+        state = state or (COMPLETED if status == "FINISHED" else None)
+        if state is not None:
+            self.client.set_tag(run_id, STATE_TAG, state)
         _retry(lambda: self.client.set_terminated(run_id, status=status))
 
     def reopen(self, run_id: str) -> bool:
@@ -170,15 +254,33 @@ def ensure_experiment(client: MlflowClient, name: str, description: str | None =
 
 
 def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """The MLflow UI page of an experiment's runs table (or of one run); for a local store,
+    """The MLflow UI page of an experiment's trials (or of one run); for a local store,
     that page in the command that serves one.
 
     ``workflowType=machine_learning`` matters: a browser that never chose MLflow 3.17's
     "Model training" workspace opens even a tagged experiment's bare link in the GenAI
     Overview (seen in headless Chromium); the parameter selects the "Model training" one.
+    The experiment's link opens its saved view (``viewStateShareKey``): every trial, best
+    first, with the searcher metric and hyperparameters as columns.
     """
-    page = f"experiments/{experiment_id}/" + (f"runs/{run_id}" if run_id else "runs")
-    page += "?workflowType=machine_learning"
+    if run_id:
+        page = f"experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    else:
+        page = (
+            f"experiments/{experiment_id}/runs?viewStateShareKey={TRIALS_VIEW_KEY}"
+            "&workflowType=machine_learning"
+        )
+    return _ui_page(tracking_uri, page)
+
+
+def report_link(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str:
+    """An artifact in MLflow's artifact viewer (an HTML page renders there; the plain
+    artifact URL would download it)."""
+    page = f"experiments/{experiment_id}/runs/{run_id}/artifacts/{path}"
+    return _ui_page(tracking_uri, page + "?workflowType=machine_learning")
+
+
+def _ui_page(tracking_uri: str, page: str) -> str:
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#/{page}"
     return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
@@ -186,6 +288,7 @@ def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str | None = None
 
 def _experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
     tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    default_view = {TRIALS_VIEW_TAG: trials_view(None, True, [])}
     if description:
         tags[DESCRIPTION_TAG] = description
     found = client.get_experiment_by_name(name)
@@ -193,11 +296,17 @@ def _experiment(client: MlflowClient, name: str, description: str | None = None)
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
         _tag_experiment(client, found, tags)
+        if TRIALS_VIEW_TAG not in found.tags:  # the link opens it: it must exist
+            _tag_experiment(client, found, default_view)
         return str(found.experiment_id)
     root = RegistrySettings.from_env().artifact_root
     location = Path(root, name).expanduser().resolve().as_uri() if root else None
     try:
-        return str(client.create_experiment(name, artifact_location=location, tags=tags))
+        return str(
+            client.create_experiment(
+                name, artifact_location=location, tags={**tags, **default_view}
+            )
+        )
     except MlflowException:  # created concurrently by another trial
         found = client.get_experiment_by_name(name)
         if found is None:

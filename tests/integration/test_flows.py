@@ -84,7 +84,9 @@ def test_grid_of_four_with_concurrency_two(stack):
     parent_id = summary["mlflow_parent_run"].split("?")[0].rsplit("/", 1)[-1]
     parent = MlflowClient().get_run(parent_id)
     assert parent.data.tags["det.best.trial_id"] == str(best["trial_id"])
-    assert summary["mlflow_experiment"].endswith("/runs?workflowType=machine_learning")
+    assert summary["mlflow_experiment"].endswith(
+        "/runs?viewStateShareKey=det-trials&workflowType=machine_learning"
+    )
     assert {"experiment.html", "learning_curves.png"} <= {
         a.path for a in MlflowClient().list_artifacts(parent_id)
     }
@@ -103,7 +105,7 @@ def test_asha_stops_worse_trials_early(stack):
     from flows.experiment import experiment
 
     experiment(str(FLOW_MODEL / "asha.yaml"))
-    _, trials = parent_and_trials("flow-asha", _last_run_key("flow-asha"))
+    parent, trials = parent_and_trials("flow-asha", _last_run_key("flow-asha"))
     client = mlflow()
     trained = {}
     rung0 = {}
@@ -123,6 +125,27 @@ def test_asha_stops_worse_trials_early(stack):
     # here: the best trial at rung 0 is always promoted and the worst never is.
     ranked = sorted(rung0, key=rung0.get)
     assert ranked[0] in promoted and ranked[-1] not in promoted
+    # MLflow says what happened to each: trained to max_time COMPLETED, the rest STOPPED by
+    # the searcher; both are normal ends (FINISHED), as Optuna's MLflow callback ends pruned
+    # trials.
+    states = {t.data.tags["det.trial_id"]: t.data.tags["det.state"] for t in trials}
+    assert states == {t: "COMPLETED" if b == 64 else "STOPPED" for t, b in trained.items()}
+    assert {t.info.status for t in trials} == {"FINISHED"}
+    # The parent run logs the search's settings as params, flattened as hp.* are.
+    params = parent.data.params
+    assert params["searcher.name"] == "adaptive_asha"
+    assert params["searcher.metric"] == "validation_loss"
+    assert params["searcher.smaller_is_better"] == "True"  # the default, filled in
+    assert (params["searcher.max_trials"], params["searcher.max_time"]) == ("8", "64")
+    assert params["searcher.max_concurrent_trials"] == "2"
+    assert (params["searcher.divisor"], params["searcher.max_rungs"]) == ("2.0", "3")
+    assert params["resources.slots_per_trial"] == "1"
+    assert params["reproducibility.experiment_seed"] == "5"
+    # System metrics at the default interval: every trial run has its points, one at
+    # least (the sample taken when its run ends), numbered from 0.
+    for t in trials:
+        history = client.get_metric_history(t.info.run_id, "system/cpu_utilization_percentage")
+        assert history and sorted(m.step for m in history) == list(range(len(history)))
 
 
 def _last_run_key(experiment_name: str) -> str:

@@ -172,7 +172,7 @@ def test_create_ships_code_once_runs_on_a_remote_worker_and_job_run_predicts(
     for run_key in (first, second):
         view = describe_experiment_run(client, run_key)
         assert view is not None and len(view.trials) == 1
-        assert view.trials[0].batches == 30 and view.trials[0].state == "FINISHED"
+        assert view.trials[0].batches == 30 and view.trials[0].state == "COMPLETED"
         assert view.trials[0].checkpoint
 
     # 3. list / describe show the runs from Prefect and MLflow.

@@ -1,8 +1,10 @@
 """What a user sees in MLflow after `det-tasks run` against the real stack: the experiment
-opens as a model-training experiment with its description, the parent run names the winner,
-trial runs carry system metrics, the parent run has an interactive plotly page, the
-checkpoint listing is best first, and a run that fails before its first batch (or never
-loads its entrypoint) leaves no runs behind."""
+opens as a model-training experiment with its description and a saved view of its trials,
+the parent run names the winner and logs the experiment's settings, trial runs say how they
+ended and carry system metrics at the default interval, the parent run links its
+interactive plotly page in the artifact viewer, the checkpoint listing is best first, and a
+run that fails before its first batch (or never loads its entrypoint) leaves no runs
+behind."""
 
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ QUICK = [
 
 
 def platform_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "DET_TASKS_SYSTEM_METRICS_INTERVAL": "0.3", **extra}
+    """The stack's environment at the defaults users get (no sampling interval set)."""
+    env = {**os.environ, **extra}
+    env.pop("DET_TASKS_SYSTEM_METRICS_INTERVAL", None)
+    return env
 
 
 def det_tasks(*args: str) -> subprocess.CompletedProcess[str]:
@@ -151,6 +156,42 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
     for trial_id, trial in trials.items():
         link = f"#/experiments/{experiment.experiment_id}/runs/{trial.info.run_id}"
         assert summaries[trial_id]["mlflow_run"].endswith(f"{link}?workflowType=machine_learning")
+        # How each trial ended: trained to its length, a normal end.
+        assert trial.info.status == "FINISHED" and trial.data.tags["det.state"] == "COMPLETED"
+
+    # The parent run logs the experiment's settings, flattened like hp.*, defaults filled in.
+    params = parent.data.params
+    sections = ("searcher.", "resources.", "reproducibility.")
+    periods = ("min_validation_period.", "min_checkpoint_period.")
+    top = {"checkpoint_policy", "perform_initial_validation", "max_restarts"}
+    assert all(k.startswith(sections + periods) or k in top for k in params), sorted(params)
+    assert params["searcher.name"] == "single"
+    assert params["searcher.metric"] == "validation_loss"
+    assert params["searcher.smaller_is_better"] == "True"
+    assert params["searcher.max_length.batches"] == "120"
+    assert params["searcher.max_concurrent_trials"] == "16"  # Determined's default
+    assert params["resources.slots_per_trial"] == "1"
+    assert params["resources.distributed_backend"] == "auto"
+    assert params["min_validation_period.batches"] == "20"
+    assert params["max_restarts"] == "2" and params["checkpoint_policy"] == "none"
+    assert params["reproducibility.experiment_seed"] == "0"
+    for trial in trials.values():  # the trials carry the same settings beside their hp.*
+        assert {k: v for k, v in trial.data.params.items() if not k.startswith("hp.")} == params
+
+    # The experiment's link opens its saved view: trials flat, best first, metric and hp.*.
+    view = json.loads(experiment.tags["mlflow.sharedViewState.det-trials"])
+    assert view["orderByKey"] == "metrics.`validation/validation_loss`" and view["orderByAsc"]
+    assert view["runsHiddenMode"] == "SHOW_ALL"
+    assert view["selectedColumns"] == [
+        "tags.`det.state`",
+        "metrics.`validation/validation_loss`",
+        "params.`hp.global_batch_size`",
+        "params.`hp.hidden`",
+        "params.`hp.learning_rate`",
+        "params.`hp.sleep_s`",
+    ]
+    matched = client.search_runs([experiment.experiment_id], view["searchFilter"])
+    assert {r.info.run_id for r in matched} == {t.info.run_id for t in trials.values()}
 
     # The winner on the parent run: metric at its step, hparams, best checkpoint.
     scored = [
@@ -195,7 +236,8 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
     assert summary is not None
     assert (str(summary["trial_id"]), summary["metric"], summary["step"]) == (winner, value, step)
 
-    # System metrics on the trial runs (MLflow's sampler, every 0.3 s here).
+    # System metrics on the trial runs at the default interval (1 s), plus one sample when
+    # the run ends: a run of a few seconds has its points, numbered 0, 1, 2...
     for trial in trials.values():
         metrics = trial.data.metrics
         for key_ in (
@@ -205,10 +247,22 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
             "system/network_receive_megabytes",
         ):
             assert key_ in metrics, sorted(metrics)
+        history = client.get_metric_history(trial.info.run_id, "system/cpu_utilization_percentage")
+        seconds = (trial.info.end_time - trial.info.start_time) / 1000
+        assert sorted(m.step for m in history) == list(range(len(history)))
+        assert 1 <= len(history) <= seconds + 1, (len(history), seconds)
+        if seconds >= 4:  # sampled while it trained, not only at its end
+            assert len(history) >= 2, (len(history), seconds)
 
-    # The PNG stays; the interactive page is there and holds every trial's curve.
+    # The PNG stays; the interactive page is there, linked from the parent's description in
+    # MLflow's artifact viewer (a plain artifact link downloads it), with every trial's curve.
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"learning_curves.png", "experiment.html"} <= artifacts
+    viewer = (
+        f"{os.environ['MLFLOW_TRACKING_URI']}/#/experiments/{experiment.experiment_id}/runs/"
+        f"{parent.info.run_id}/artifacts/experiment.html?workflowType=machine_learning"
+    )
+    assert f"[experiment.html]({viewer})" in parent.data.tags["mlflow.note.content"]
     page = Path(client.download_artifacts(parent.info.run_id, "experiment.html", str(tmp_path)))
     traces = plotly_traces(page.read_text())
     assert [t["x"] for t in traces if t.get("name") in ("trial-1", "trial-2")] == [

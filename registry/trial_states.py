@@ -1,0 +1,49 @@
+"""What happened to a trial, in one vocabulary for MLflow's ``det.state`` tag, the Prefect
+trials table and ``det-tasks experiment describe``: Determined's words, plus STOPPED for a
+trial the searcher ended early (ASHA did not promote it) and PRUNED for one an optuna
+pruner ended.
+
+MLflow's run status stays honest beside it: COMPLETED, STOPPED and PRUNED runs are FINISHED (a
+searcher stop is a normal end, as Optuna's MLflow callback ends a pruned trial FINISHED with
+``state=PRUNED``), PAUSED and CANCELED runs KILLED, ERROR runs FAILED.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACTIVE",
+    "CANCELED",
+    "COMPLETED",
+    "END_STATES",
+    "ERROR",
+    "ORPHANED",
+    "PAUSED",
+    "PRUNED",
+    "RUNNING",
+    "STOPPED",
+    "trial_state",
+]
+
+ACTIVE = "ACTIVE"  # reopened: a promoted, resumed or activated trial runs again
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"  # trained to searcher.max_length
+STOPPED = "STOPPED"  # the searcher ended it before max_length
+PRUNED = "PRUNED"  # an optuna searcher's pruner ended it (flows.trial_table.PRUNED)
+ERROR = "ERROR"
+CANCELED = "CANCELED"
+PAUSED = "PAUSED"
+ORPHANED = "ORPHANED"  # its flow died without a word (registry.run_states.end_orphans)
+
+END_STATES = frozenset({COMPLETED, STOPPED, PRUNED, ERROR, CANCELED, PAUSED, ORPHANED})
+
+# A run without a det.state tag (written before the tag existed, or by hand): its status.
+_BY_STATUS = {"FINISHED": COMPLETED, "FAILED": ERROR, "KILLED": CANCELED}
+
+
+def trial_state(status: str, tag: str | None) -> str:
+    """The state word of a trial run with MLflow ``status`` and ``det.state`` ``tag``."""
+    if status in ("RUNNING", "SCHEDULED"):
+        return RUNNING
+    if tag in END_STATES:
+        return tag
+    return _BY_STATUS.get(status, status)

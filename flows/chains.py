@@ -13,7 +13,6 @@ included) until a promotion restores it from its checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
@@ -32,14 +31,13 @@ from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
 from flows.workers import StepResult, run_step
 from registry.models import trial_runs
+from registry.searcher_state import STATE_TAG, save_searcher_state
 from registry.services import trial_run_tags
 from registry.tracking import STATE_TAG as RUN_STATE_TAG
 from registry.tracking import TRIAL_TAG, ExperimentRuns
 from registry.trial_states import ERROR, STOPPED
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
-
-STATE_TAG = "det.searcher_state"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,7 +360,9 @@ def better(value: float, than: float, cfg: ExperimentConfig) -> bool:
 
 
 def persist(searcher: Searcher, runs: ExperimentRuns) -> None:
-    runs.client.set_tag(runs.parent_run_id, STATE_TAG, json.dumps(searcher.state())[:7900])
+    """The searcher's state on the parent run, whole at any size (a re-run or an activated
+    experiment continues from it)."""
+    save_searcher_state(runs.client, runs.parent_run_id, searcher.state())
 
 
 def _as_future(prefect_future: Any) -> Future[Any]:

@@ -28,6 +28,7 @@ def test_optuna_search_runs_on_the_flow(tmp_path: Path) -> None:
     pytest.importorskip("optuna")
     from det_tasks.config.loader import load_config
     from det_tasks.searcher import make_searcher
+    from registry.searcher_state import load_searcher_state
     from registry.tracking import client_for
 
     env = env_without_platform(
@@ -56,7 +57,7 @@ def test_optuna_search_runs_on_the_flow(tmp_path: Path) -> None:
 
     # The study the flow saved replays to the same trials, with the same ones pruned.
     searcher = make_searcher(load_config(CONFIG))
-    searcher.load(json.loads(parent.data.tags["det.searcher_state"]))
+    searcher.load(load_searcher_state(parent.data.tags) or {})
     assert searcher.finished() == {1, 2, 3, 4, 5}
     pruned = searcher.pruned()
     assert pruned, "seed 5 prunes at least one of five trials at the first rung"
@@ -91,6 +92,7 @@ def test_the_study_continues_after_the_flow_is_sigkilled(tmp_path: Path) -> None
     pytest.importorskip("optuna")
     from det_tasks.config.loader import load_config
     from det_tasks.searcher import make_searcher
+    from registry.searcher_state import load_searcher_state
     from registry.tracking import EXPERIMENT_RUN_TAG, client_for
 
     env = env_without_platform(
@@ -113,7 +115,7 @@ def test_the_study_continues_after_the_flow_is_sigkilled(tmp_path: Path) -> None
             time.sleep(0.5)
             with contextlib.suppress(Exception):  # the store may not exist yet
                 parent = _runs(client_for(f"sqlite:///{db}"))[0]
-                saved = json.loads(parent.data.tags.get("det.searcher_state", "{}"))
+                saved = load_searcher_state(parent.data.tags) or {}
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -133,7 +135,7 @@ def test_the_study_continues_after_the_flow_is_sigkilled(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr[-3000:]
     parent, trials = _runs(client)
-    final = json.loads(parent.data.tags["det.searcher_state"])
+    final = load_searcher_state(parent.data.tags) or {}
     assert final["optuna_events"][: len(saved["optuna_events"])] == saved["optuna_events"]
     assert asked_before == {t: trials[t].data.params.get("hp.learning_rate") for t in asked_before}
     searcher = make_searcher(load_config(CONFIG))

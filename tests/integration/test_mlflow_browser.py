@@ -82,3 +82,23 @@ def test_printed_link_opens_the_trials_table_ready_to_compare(stack, tmp_path):
     # Best first: the trials appear in the order of their validation_loss.
     positions = [text.index(n + "\n") for n in names]
     assert positions == sorted(positions), shown
+
+    # Prefect's flow-run page, served on the stack's own port (not Prefect's default 4200):
+    # the UI reaches its server, and the Artifacts tab holds one trials table.
+    ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
+    assert not ui.endswith(":4200"), ui
+    flow_run = parent.data.tags["det.experiment_run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"{ui}/runs/flow-run/{flow_run}")
+            _text_when(page, ["Artifacts", "train trial-1"])  # the graph's labels are canvas
+            page.get_by_text("Artifacts", exact=True).first.click()
+            text = _text_when(page, [f"{name}-trials"])
+            page.screenshot(path=str(tmp_path / "prefect.png"))
+        finally:
+            browser.close()
+    shown = f"page text (screenshot {tmp_path / 'prefect.png'}):\n{text[:3000]}"
+    assert "Unable to connect" not in text, shown
+    assert text.count(f"{name}-trials") == 1, shown

@@ -1,18 +1,37 @@
 """The no-server default: with no MLFLOW_TRACKING_URI, a local MLflow SQLite store and
 artifact directory in the installation's folder (det_tasks.home); with no PREFECT_API_URL,
 Prefect's own ephemeral server. Variables the user set always win, so the same entry points
-run against a real stack unchanged."""
+run against a real stack unchanged.
+
+``EmbeddedPrefectServer`` starts that same server app (Prefect's ephemeral mode: UI off, only
+the services an ephemeral server runs) before this process imports Prefect, so the two
+start-ups overlap; see its docstring."""
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import os
 import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from det_tasks.first_use import create_once
 from det_tasks.home import det_tasks_home
 
-__all__ = ["start_shielded_prefect_server", "use_embedded_defaults"]
+__all__ = [
+    "PRESTART_ENV",
+    "EmbeddedPrefectServer",
+    "start_shielded_prefect_server",
+    "use_embedded_defaults",
+]
 
 
 def use_embedded_defaults() -> dict[str, str]:
@@ -70,3 +89,195 @@ def _prefect_sqlite_database() -> Path | None:
     if not text.startswith("sqlite"):
         return None
     return Path(text.split(":///", 1)[1]).expanduser()
+
+
+PRESTART_ENV = "DET_TASKS_PREFECT_PRESTART"  # "0": let Prefect start its server itself
+# Prefect's own start-up wait (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS) defaults to
+# 20 s, too short on a busy machine.
+READY_TIMEOUT_S = 300.0
+PORT_IN_USE = 3  # uvicorn's exit code when its port was taken between our probe and its bind
+
+
+class EmbeddedPrefectServer:
+    """Prefect's ephemeral server, started from ``python -m flows.experiment`` before the
+    heavy imports, as its own process; the caller waits for it (``wait_ready``) only
+    before the flow starts.
+
+    Why not let Prefect start it: Prefect starts its ephemeral server at the first API
+    call, after this process has imported torch, MLflow and Dask and Prefect's server
+    modules (~4.5 s), and the server then imports the same modules again (~3 s) while the
+    flow waits. Started first, the two overlap. It is the same server Prefect would start
+    (the same uvicorn command and ``PREFECT__SERVER_EPHEMERAL`` app, UI off), with the same
+    Ctrl-C shield (SIGINT blocked in it, as start_shielded_prefect_server does) and the same
+    end (stopped at this process's exit, after Prefect's own exit handlers have flushed
+    their logs and events). The first start in a fresh Prefect home creates its database
+    under create_once's lock, in a thread, so imports still overlap it.
+
+    ``start()`` returns None (Prefect then starts its own, as before) where the user's
+    settings might choose another server: PREFECT_API_URL or ephemeral-mode settings in the
+    environment or the active profile, a ``prefect.toml``, a ``.env`` naming PREFECT_
+    settings or a ``pyproject.toml`` with ``[tool.prefect]`` in the working directory; or
+    with ``DET_TASKS_PREFECT_PRESTART=0``."""
+
+    def __init__(self, port: int, database: Path | None) -> None:
+        self.port = port
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.database = database
+        self.process: subprocess.Popen[bytes] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="det-tasks-prefect-server")
+
+    @classmethod
+    def start(cls) -> EmbeddedPrefectServer | None:
+        if os.environ.get(PRESTART_ENV) == "0" or _prefect_configured_elsewhere():
+            return None
+        server = cls(_free_port(), _default_sqlite_database())
+        # Set before this process imports prefect, which reads its settings once, at import.
+        os.environ["PREFECT_API_URL"] = server.api_url
+        atexit.register(server.stop)
+        server._thread.start()
+        return server
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Return once the server answers its health check; raise if it cannot start."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise RuntimeError(
+                f"the embedded Prefect server ({self.api_url}) did not answer within "
+                f"{timeout_s:.0f} s"
+            )
+        if self.error is not None:
+            raise RuntimeError(f"the embedded Prefect server failed: {self.error}") from None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _run(self) -> None:
+        try:
+            if self.database is None:
+                self._spawn_and_wait()
+            else:  # the first start in a fresh home creates the schema; others wait for it
+                create_once(self.database, self._spawn_and_wait)
+                if self.process is None:
+                    self._spawn_and_wait()
+        except BaseException as err:
+            self.error = err
+
+    def _spawn_and_wait(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        self.process = self._spawn()
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code == PORT_IN_USE:
+                self.port = _free_port()  # the flow's URL must follow it
+                self.api_url = f"http://127.0.0.1:{self.port}/api"
+                os.environ["PREFECT_API_URL"] = self.api_url
+                self.process = self._spawn()
+                continue
+            if code is not None:
+                raise RuntimeError(f"it exited with code {code} (its log is above)")
+            if _healthy(self.api_url):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"no answer from {self.api_url} in {READY_TIMEOUT_S:.0f} s")
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Prefect's SubprocessASGIServer command, with SIGINT blocked in this thread so
+        the child inherits the mask (a terminal's Ctrl-C must not kill the API the flow
+        needs to record its stop)."""
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }
+        # It otherwise logs an error per start when it cannot phone home.
+        env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        env.pop("PREFECT_API_URL", None)
+        command = [sys.executable, "-m", "uvicorn", "--app-dir", _site_packages(), "--factory"]
+        command += ["prefect.server.api.server:create_app", "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return subprocess.Popen(command, env=env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _site_packages() -> str:
+    """Where prefect is installed (uvicorn's --app-dir, as Prefect passes it, so a module
+    in the working directory cannot shadow it), found without importing prefect."""
+    spec = importlib.util.find_spec("prefect")
+    assert spec is not None and spec.origin is not None, "prefect is not installed"
+    return str(Path(spec.origin).parent.parent)
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def _default_sqlite_database() -> Path | None:
+    """The SQLite file Prefect's server will use by default (the create_once lock and
+    marker sit beside it), or None when the environment names another database."""
+    for name in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
+        if url := os.environ.get(name):
+            if not url.startswith("sqlite") or ":///" not in url:
+                return None
+            return Path(url.split(":///", 1)[1]).expanduser()
+    return _prefect_home() / "prefect.db"
+
+
+def _prefect_configured_elsewhere() -> bool:
+    """Whether settings this module does not read could choose the server (see
+    EmbeddedPrefectServer); then Prefect resolves them itself, as before."""
+    chosen = ("PREFECT_API_URL", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "PREFECT_SERVER_EPHEMERAL")
+    if any(name.startswith(chosen) for name in os.environ):
+        return True
+    cwd = Path.cwd()
+    if (cwd / "prefect.toml").exists():
+        return True
+    if _mentions(cwd / ".env", "PREFECT_") or _mentions(cwd / "pyproject.toml", "tool.prefect"):
+        return True
+    return any(name.startswith(chosen) for name in _active_profile())
+
+
+def _mentions(path: Path, text: str) -> bool:
+    try:
+        return text in path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _active_profile() -> dict[str, object]:
+    path = Path(
+        os.environ.get("PREFECT_PROFILES_PATH") or _prefect_home() / "profiles.toml"
+    ).expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    table = profiles.get("profiles", {}).get(name, {})
+    return table if isinstance(table, dict) else {}

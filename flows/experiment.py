@@ -5,6 +5,8 @@ trial as a chain of train -> validate -> checkpoint segments (Prefect tasks), at
 Run without a server: ``python -m flows.experiment examples/mnist/const.yaml``.
 """
 
+# ruff: noqa: E402 -- `python -m flows.experiment` starts Prefect's server (_prestart) before
+# the heavy imports below, so the two start-ups overlap.
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +18,46 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from flows.embedded import EmbeddedPrefectServer
+
+
+def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
+    """``CONFIG [key=value ...]`` without ``--activate KEY``, and KEY (ValueError: no KEY)."""
+    args = list(args)
+    if "--activate" not in args:
+        return args, None
+    at = args.index("--activate")
+    if at + 1 >= len(args):
+        raise ValueError("--activate needs the experiment key it printed")
+    key = args.pop(at + 1)
+    args.pop(at)
+    return args, key
+
+
+def _prestart(argv: list[str]) -> EmbeddedPrefectServer | None:
+    """With valid input, start Prefect's server now, in its own process, while this module
+    imports Prefect, MLflow and Dask; with bad input start nothing (main says what is
+    wrong, and nothing was created)."""
+    from det_tasks.errors import DetTasksError
+    from det_tasks.runner.local import check_entrypoint, load_raw_config
+
+    try:
+        args, _ = _split_activate(argv)
+        if not args or args[0] in ("-h", "--help"):
+            return None
+        config_path = Path(args[0]).resolve()
+        _, cfg = load_raw_config(config_path, args[1:])
+        check_entrypoint(cfg, config_path.parent)
+    except (DetTasksError, ValueError):
+        return None
+    memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
+    if not memory.isdigit() or int(memory) <= 0:
+        return None
+    return EmbeddedPrefectServer.start()
+
+
+_PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else None
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -267,9 +309,10 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prestarted: EmbeddedPrefectServer | None = None) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
-    needed (see flows.embedded); prints the summary as JSON."""
+    needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
+    server _prestart started for it."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
@@ -277,14 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    experiment_key = None
-    if "--activate" in args:
-        at = args.index("--activate")
-        if at + 1 >= len(args):
-            print("error: --activate needs the experiment key it printed", file=sys.stderr)
-            return 2
-        experiment_key = args.pop(at + 1)
-        args.pop(at)
+    try:
+        args, experiment_key = _split_activate(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
         config_path = Path(args[0]).resolve()
         _, cfg = load_raw_config(config_path, args[1:])
@@ -312,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
     ):
         try:
-            start_shielded_prefect_server()
+            if prestarted is not None:
+                prestarted.wait_ready()
+            start_shielded_prefect_server()  # no-op once prestarted (PREFECT_API_URL is set)
             state: Any = experiment(
                 args[0], args[1:], experiment_key=experiment_key, return_state=True
             )
@@ -339,4 +381,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prestarted=_PRESTARTED))

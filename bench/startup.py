@@ -1,0 +1,128 @@
+"""Start-up cost of the no-server experiment (`python -m flows.experiment CONFIG`), issue 24.
+
+Runs the 1-batch single-trial MNIST flow as a whole command in a fresh home (a new
+DET_TASKS_HOME and PREFECT_HOME each time: the Prefect and MLflow schemas are created) and
+in a warm home (both already made by a first run, which is not counted), interleaved,
+median of ``--repeats`` each, and splits each run's wall from the flow's own log
+timestamps:
+
+- imports: process start -> Prefect's "Starting temporary server" line (with the server
+  prestarted there is no such line: all of start-up is then counted here)
+- server: -> "Beginning flow run" (server ready, flow run created)
+- flow: -> the flow run's "Finished in state" line (its first step's own work apart)
+- shutdown: -> process exit
+
+Targets (issue 24): <= 10 s warm, <= 15 s fresh. The host's load is printed beside the
+figures: on a shared machine compare only figures from the same run.
+
+    python bench/startup.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.flow_latency import _no_server_env
+from flows.embedded import PRESTART_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "mnist" / "const.yaml"
+ONE_BATCH = ["searcher.max_length={batches: 1}", "min_validation_period={batches: 1}"]
+STAMP = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (.*)$")
+FIRST_STEP = re.compile(r"trained to batch \d+ on \S+ \((?:warm|restored from [^,]+), ([\d.]+) s\)")
+PHASES = ("imports", "server", "flow", "first step", "shutdown", "wall")
+
+
+def _clock(text: str, day: datetime) -> float:
+    """A log line's HH:MM:SS.mmm as seconds since the epoch, on the run's day."""
+    t = datetime.strptime(text, "%H:%M:%S.%f").time()
+    return datetime.combine(day.date(), t).timestamp()
+
+
+def run_once(home: Path, prestart: bool = True) -> dict[str, float]:
+    """One whole command in ``home``; its wall and phases in seconds. ``prestart=False``:
+    Prefect starts its ephemeral server itself (the behaviour before issue 24)."""
+    env = {**_no_server_env(home), "PYTHONPATH": str(ROOT), PRESTART_ENV: str(int(prestart))}
+    t0 = time.time()
+    day = datetime.now()
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.experiment", str(CONFIG), *ONE_BATCH],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    t_end = time.time()
+    if done.returncode:
+        sys.exit(f"the flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    marks: dict[str, float] = {}
+    first_step = float("nan")
+    for line in done.stderr.splitlines():
+        match = STAMP.match(line)
+        if not match:
+            continue
+        at, text = _clock(match.group(1), day), match.group(2)
+        if "Starting temporary server" in text:
+            marks.setdefault("server_start", at)
+        elif "Beginning flow run" in text:
+            marks.setdefault("flow_start", at)
+        elif text.startswith("Flow run") and "Finished in state" in text:
+            marks["flow_end"] = at
+        elif step := FIRST_STEP.search(text):
+            first_step = float(step.group(1)) if math.isnan(first_step) else first_step
+    server_start = marks.get("server_start", marks["flow_start"])
+    return {
+        "imports": server_start - t0,
+        "server": marks["flow_start"] - server_start,
+        "flow": marks["flow_end"] - marks["flow_start"],
+        "first step": first_step,
+        "shutdown": t_end - marks["flow_end"],
+        "wall": t_end - t0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    columns = [(home, prestart) for home in ("fresh", "warm") for prestart in (True, False)]
+    results: dict[tuple[str, bool], list[dict[str, float]]] = {c: [] for c in columns}
+    with tempfile.TemporaryDirectory() as tmp:
+        for prestart in (True, False):  # make each warm home; not counted
+            (Path(tmp) / f"warm-{prestart}").mkdir()
+            run_once(Path(tmp) / f"warm-{prestart}", prestart)
+        for i in range(args.repeats):
+            for home, prestart in columns:
+                where = Path(tmp) / (
+                    f"fresh-{prestart}-{i}" if home == "fresh" else f"warm-{prestart}"
+                )
+                where.mkdir(exist_ok=True)
+                results[home, prestart].append(run_once(where, prestart))
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(f"median of {args.repeats}, seconds; 'off' = {PRESTART_ENV}=0 (Prefect starts it)")
+    print(f"{'phase':<12}" + "".join(f"{h + (' on' if p else ' off'):>11}" for h, p in columns))
+    for phase in PHASES:
+        cells = [statistics.median(r[phase] for r in results[c]) for c in columns]
+        print(f"{phase:<12}" + "".join(f"{c:>11.2f}" for c in cells))
+    walls = {
+        f"{h} {'on' if p else 'off'}": [round(r["wall"], 1) for r in results[h, p]]
+        for h, p in columns
+    }
+    print(f"walls: {walls}; targets: fresh <= 15 s, warm <= 10 s")
+
+
+if __name__ == "__main__":
+    main()

@@ -259,6 +259,8 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
 # sit where no worker can run it before the experiment fails, naming it.
 WATCH_INTERVAL_S = 5.0
 STRANDED_AFTER_S = 60.0
+# A step Dask cancels on its own (a dropped scheduler connection) is run again this often.
+MAX_CANCELLED_RESUBMITS = 3
 
 
 class StepStranded(RuntimeError):
@@ -276,14 +278,31 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
     with StepStranded instead of hanging the experiment."""
     client = default_client()
     future = _submit(client, request, worker, gpus)
+    done = _done_event(future)
     stranded_since: float | None = None
+    cancelled = 0
     try:
         while True:
-            try:
-                result: StepResult = future.result(timeout=WATCH_INTERVAL_S)
-                return result
-            except TimeoutError:
-                pass
+            # Waited on an event, not Future.result(timeout=...): under a heavy load the
+            # latter's timeout can race the result inside distributed.utils.sync, which then
+            # raised UnboundLocalError ('result') out of a step that was still running.
+            if done.wait(WATCH_INTERVAL_S):
+                if future.status != "cancelled" or cancelled >= MAX_CANCELLED_RESUBMITS:
+                    result: StepResult = future.result()
+                    return result
+                # Cancelled by Dask, not by us (e.g. the client's connection to the
+                # scheduler dropped and was re-made): run it again on any worker.
+                cancelled += 1
+                _logger.warning(
+                    "step %s of trial %s was cancelled by Dask (%s); resubmitting it",
+                    request.kind,
+                    request.trial.trial_id,
+                    future.exception(),
+                )
+                future.release()
+                future = _submit(client, request, None, gpus)
+                done = _done_event(future)
+                continue
             state, restrictions = _task_state(client, future.key)
             if state != "no-worker":
                 stranded_since = None
@@ -292,6 +311,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                 future.cancel()
                 future.release()
                 future = _submit(client, request, None, gpus)
+                done = _done_event(future)
                 continue
             now = time.monotonic()
             stranded_since = stranded_since or now
@@ -309,6 +329,13 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
         # future until the next garbage collection) is "lost" when its worker is recycled,
         # and Dask would recompute the step outside the flow, rebuilding a finished trial.
         future.release()
+
+
+def _done_event(future: Any) -> threading.Event:
+    """Set once ``future`` finished, erred or was cancelled (Dask calls back in a thread)."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    return done
 
 
 def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int) -> Any:

@@ -82,30 +82,22 @@ class StepFailed(Exception):
             f"{self.error}{where}"
         )
 
+    def _arguments(self) -> dict[str, object]:
+        """What ``__init__`` took, in its order: enough to rebuild this failure anywhere."""
+        return {
+            "trial_id": self.trial_id,
+            "phase": self.phase,
+            "batch": self.batch,
+            "error": self.error,
+            "location": self.location,
+            "retryable": self.retryable,
+            "attempts": self.attempts,
+            "user_traceback": self.user_traceback,
+        }
+
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return (
-            StepFailed,
-            (
-                self.trial_id,
-                self.phase,
-                self.batch,
-                self.error,
-                self.location,
-                self.retryable,
-                self.attempts,
-                self.user_traceback,
-            ),
-        )
+        return (StepFailed, tuple(self._arguments().values()))
 
     def after_attempts(self, attempts: int) -> StepFailed:
         """The same failure, counted as the ``attempts``-th try."""
-        return StepFailed(
-            self.trial_id,
-            self.phase,
-            self.batch,
-            self.error,
-            self.location,
-            self.retryable,
-            attempts,
-            self.user_traceback,
-        )
+        return StepFailed(**{**self._arguments(), "attempts": attempts})  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ Run without a server: ``python -m flows.experiment examples/mnist/const.yaml``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -35,29 +36,48 @@ def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
     return args, key
 
 
-def _prestart(argv: list[str]) -> EmbeddedPrefectServer | None:
-    """With valid input, start Prefect's server now, in its own process, while this module
-    imports Prefect, MLflow and Dask; with bad input start nothing (main says what is
-    wrong, and nothing was created)."""
-    from det_tasks.errors import DetTasksError
+@dataclasses.dataclass(frozen=True)
+class _CommandLine:
+    """``python -m flows.experiment``'s arguments, checked: the config, its overrides, the
+    key to activate, and the validated config (entrypoint importable)."""
+
+    config: str  # as typed
+    overrides: list[str]
+    experiment_key: str | None
+    cfg: Any  # det_tasks.config.ExperimentConfig
+
+
+def _check_command_line(args: list[str]) -> _CommandLine:
+    """Validate before anything starts (DetTasksError or ValueError, in the user's words)."""
     from det_tasks.runner.local import check_entrypoint, load_raw_config
 
+    args, key = _split_activate(args)
+    config_path = Path(args[0]).resolve()
+    _, cfg = load_raw_config(config_path, args[1:])
+    check_entrypoint(cfg, config_path.parent)
+    return _CommandLine(args[0], args[1:], key, cfg)
+
+
+def _prestart(argv: list[str]) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None]:
+    """With valid input, start Prefect's server now, in its own process, while this module
+    imports Prefect, MLflow and Dask; the checked command line goes to main, which does
+    not check it again. With bad input start nothing (main says what is wrong, and nothing
+    was created)."""
+    from det_tasks.errors import DetTasksError
+
+    if not argv or argv[0] in ("-h", "--help"):
+        return None, None
     try:
-        args, _ = _split_activate(argv)
-        if not args or args[0] in ("-h", "--help"):
-            return None
-        config_path = Path(args[0]).resolve()
-        _, cfg = load_raw_config(config_path, args[1:])
-        check_entrypoint(cfg, config_path.parent)
+        checked = _check_command_line(argv)
     except (DetTasksError, ValueError):
-        return None
+        return None, None
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
     if not memory.isdigit() or int(memory) <= 0:
-        return None
-    return EmbeddedPrefectServer.start()
+        return None, None
+    return checked, EmbeddedPrefectServer.start()
 
 
-_PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else None
+_CHECKED, _PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else (None, None)
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -309,10 +329,14 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
-def main(argv: list[str] | None = None, prestarted: EmbeddedPrefectServer | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    prestarted: EmbeddedPrefectServer | None = None,
+    checked: _CommandLine | None = None,
+) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
     needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
-    server _prestart started for it."""
+    server _prestart started for it; ``checked``: the command line it already checked."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
@@ -320,19 +344,13 @@ def main(argv: list[str] | None = None, prestarted: EmbeddedPrefectServer | None
             file=sys.stderr,
         )
         return 2
-    try:
-        args, experiment_key = _split_activate(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
-        config_path = Path(args[0]).resolve()
-        _, cfg = load_raw_config(config_path, args[1:])
-        check_entrypoint(cfg, config_path.parent)
+        checked = checked or _check_command_line(args)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
-    except DetTasksError as err:
+    except (DetTasksError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    cfg = checked.cfg
     chosen = use_embedded_defaults()
     if chosen:
         print(
@@ -356,7 +374,10 @@ def main(argv: list[str] | None = None, prestarted: EmbeddedPrefectServer | None
                 prestarted.wait_ready()
             start_shielded_prefect_server()  # no-op once prestarted (PREFECT_API_URL is set)
             state: Any = experiment(
-                args[0], args[1:], experiment_key=experiment_key, return_state=True
+                checked.config,
+                checked.overrides,
+                experiment_key=checked.experiment_key,
+                return_state=True,
             )
         except KeyboardInterrupt:
             print(
@@ -381,4 +402,4 @@ def main(argv: list[str] | None = None, prestarted: EmbeddedPrefectServer | None
 
 
 if __name__ == "__main__":
-    sys.exit(main(prestarted=_PRESTARTED))
+    sys.exit(main(prestarted=_PRESTARTED, checked=_CHECKED))

@@ -18,7 +18,7 @@ from det_tasks.errors import StepFailed, TrialStopped
 from det_tasks.launch import RunServices
 from registry import s3 as s3_lib
 from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore
-from registry.gc import collect_experiment_garbage
+from registry.gc import collect_experiment_garbage, collect_trial_garbage
 from registry.metrics import MlflowMetricsSink
 from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
@@ -148,7 +148,7 @@ def trial_services(
                 finish_experiment(runs, s3, status)
             elif status == "FINISHED":
                 parent = client.get_run(runs.parent_run_id)
-                collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
+                collect_trial_garbage(client, s3, parent, run_id)
 
 
 def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRuns) -> bool:

@@ -25,7 +25,8 @@ from prefect import get_run_logger
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
-from flows.engine import Placement, recycle, stop_everywhere
+from flows.engine import Placement, stop_everywhere
+from flows.recycling import Recycler
 from flows.stopping import StopControl
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
@@ -75,6 +76,7 @@ class TrialChains:
         self.overrides, self.run_key, self.package = overrides, run_key, package
         self.table = table
         self.placement = placement
+        self.recycler = Recycler(placement)
         self.refs: dict[int, TrialRef] = {}
         self.last: dict[int, Any] = {}  # trial -> its latest checkpoint task's future
         self.position: dict[int, int] = {}
@@ -92,42 +94,65 @@ class TrialChains:
         self._settle_pruned(searcher)
         running: dict[Future[Any], _Stage] = {}
         active = 0
-        while (todo and not self._stopping) or running:
-            # One trial per worker: more chains than workers would only evict each other's
-            # held trials (correct, via checkpoints, but replaying work).
-            capacity = min(limit, max(1, len(self.placement.workers())))
-            while todo and active < capacity and not self._stopping:
-                stage = self._start(todo.pop(0))
-                running[_as_future(stage.future)] = stage
-                active += 1
-            done, _ = wait_futures(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
-            self._poll_stop()
-            for fut in done:
-                stage = running.pop(fut)
-                try:
-                    result: StepResult = fut.result()
-                except BaseException:
-                    self.table.set_state(stage.work.trial_id, ERROR)
-                    self.table.publish()
-                    raise
-                self.placement.ran(stage.work.trial_id, result.worker)
-                if result.recycle_due:  # between steps: nothing is placed on it
-                    recycle(self.placement.client, result.worker)
-                nxt = self._next(stage, result)
-                if nxt is not None:
-                    running[_as_future(nxt.future)] = nxt
-                    continue
-                active -= 1
-                if result.preempted is not None or stage.stopped:
-                    self._stopped(stage, result)
-                    continue
-                todo[:0], later = self._segment_done(stage, result, searcher)
-                todo.extend(later)
+        try:
+            while (todo and not self._stopping) or running:
+                self.recycler.reap()
+                # One trial per worker: more chains than workers would only evict each
+                # other's held trials (correct, via checkpoints, but replaying work). While
+                # a worker is being recycled nothing is left to Dask's choice, which could
+                # be that worker.
+                available = len(self.placement.workers())
+                capacity = min(limit, available if self.recycler.busy else max(1, available))
+                while todo and active < capacity and not self._stopping:
+                    stage = self._start(todo.pop(0))
+                    running[_as_future(stage.future)] = stage
+                    active += 1
+                waited = [*running, *self.recycler.pending()]
+                done, _ = wait_futures(waited, timeout=1.0, return_when=FIRST_COMPLETED)
+                self._poll_stop()
+                for fut in done:
+                    if fut not in running:  # a recycled worker is back
+                        continue
+                    stage = running.pop(fut)
+                    nxt = self._follow(stage, fut)
+                    if nxt is not None:
+                        running[_as_future(nxt.future)] = nxt
+                        continue
+                    active -= 1
+                    todo[:0], later = self._end_segment(stage, fut.result(), searcher)
+                    todo.extend(later)
+        except BaseException:
+            self.recycler.close(wait=False)
+            raise
+        self.recycler.close()
         if not self._stopping:
             for row in self.table.rows.values():
                 if row.state == "PAUSED":
                     row.state = "STOPPED"
         return self.best
+
+    def _follow(self, stage: _Stage, fut: Future[Any]) -> _Stage | None:
+        """A finished step: the chain's next stage, submitted (None: the segment ended)."""
+        try:
+            result: StepResult = fut.result()
+        except BaseException:
+            self.table.set_state(stage.work.trial_id, ERROR)
+            self.table.publish()
+            raise
+        self.placement.ran(stage.work.trial_id, result.worker)
+        if result.recycle_due:  # between steps: it holds nothing, nothing is placed on it
+            self.recycler.start(result.worker)
+        return self._next(stage, result)
+
+    def _end_segment(
+        self, stage: _Stage, result: StepResult, searcher: Searcher
+    ) -> tuple[list[Work], list[Work]]:
+        """A segment ended, stopped on request or done: (this trial's continuation, other
+        new work)."""
+        if result.preempted is not None or stage.stopped:
+            self._stopped(stage, result)
+            return [], []
+        return self._segment_done(stage, result, searcher)
 
     @property
     def _stopping(self) -> bool:

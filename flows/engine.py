@@ -363,15 +363,47 @@ def _task_state(client: Client, key: str) -> tuple[str | None, list[str]]:
     return state, list(restrictions)
 
 
-def recycle(client: Client, worker: str) -> bool:
+RECYCLE_TIMEOUT_S = 120.0
+
+
+def recycle(client: Client, worker: str, timeout_s: float = RECYCLE_TIMEOUT_S) -> bool:
     """Restart ``worker``'s process through its Nanny (between steps: it holds no trial and
-    nothing is placed on it); False where it cannot be restarted (no Nanny)."""
+    nothing is placed on it); True once its replacement (the same name, a new address) has
+    registered, False where it cannot be restarted (no Nanny) or did not come back.
+
+    Dask's own wait after a restart counts workers rather than names: while a restarted
+    worker's old entry lingers, or another restart is under way, the count is off and that
+    wait ran out its whole timeout (120 s of an experiment standing still); so the restart
+    is asked for without it, and the replacement is looked for by name here."""
+    name = client.scheduler_info(n_workers=-1)["workers"].get(worker, {}).get("name")
+    scheduler = client.scheduler
+    if scheduler is None:  # a closed client
+        return False
     try:
-        outcome = client.restart_workers([worker], timeout=120, raise_for_error=False)
+        outcome = client.sync(
+            scheduler.restart_workers,
+            workers=[worker],
+            timeout=timeout_s,
+            wait_for_workers=False,
+            on_error="return",
+            stimulus_id=f"det-tasks-recycle-{time.time()}",
+        )
     except Exception as err:  # a worker started without a Nanny cannot be restarted
         _logger.warning("could not recycle Dask worker %s: %s", worker, err)
         return False
-    return outcome.get(worker) == "OK"
+    if outcome.get(worker) != "OK":
+        _logger.warning("could not recycle Dask worker %s: %s", worker, outcome.get(worker))
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        if any(a != worker and w.get("name") == name for a, w in workers.items()):
+            return True
+        time.sleep(0.1)
+    _logger.warning(
+        "recycled Dask worker %s (%s) did not come back in %.0f s", worker, name, timeout_s
+    )
+    return False
 
 
 def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:
@@ -398,11 +430,15 @@ class Placement:
         self.client = client
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
+        # Workers being recycled (flows.recycling): given nothing until they are back.
+        self.retiring: set[str] = set()
         info = client.scheduler_info(n_workers=-1)
         self.gpus = any(w.get("resources", {}).get("GPU") for w in info["workers"].values())
 
     def workers(self) -> list[str]:
-        return list(self.client.scheduler_info(n_workers=-1)["workers"])
+        """The cluster's workers that can take a step now."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        return [w for w in workers if w not in self.retiring]
 
     def claim(self, trial_id: int) -> str | None:
         """A worker for the trial's next segment (None: let Dask choose)."""

@@ -12,21 +12,31 @@ one go so the figures sit side by side:
 - the MLflow SQLite file and the Prefect database (with its WAL) at the end;
 - peak RSS of the whole process tree (flow, Prefect server, Dask scheduler and workers).
 
-    python bench/scale.py [--trials 16 64 256] [--with-1024] [--timeout 3600]
+``--stack`` runs the same experiments on a local stack with PostgreSQL behind MLflow and
+Prefect (started by ``infra.stack.up`` on ports of its own, stopped at the end): the flow
+runs against the Prefect server, logs to the MLflow server and S3, and trains on the
+stack's two warm Dask workers. The database sizes are then PostgreSQL's
+``pg_database_size`` of each database, and the peak RSS covers every stack service too.
+Needs PostgreSQL's server binaries (``initdb``).
+
+    python bench/scale.py [--trials 16 64 256] [--with-1024] [--stack] [--timeout 3600]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -52,40 +62,61 @@ class Run:
     returncode: int
 
 
-def run_experiment(trials: int, timeout_s: float) -> tuple[Run, str]:
-    """One embedded experiment of ``trials`` trials in a fresh home; its figures and its
-    stderr (the flow's log)."""
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """A running PostgreSQL stack: the client environment and how to size its databases."""
+
+    env: dict[str, str]
+    root: Path
+    postgres_port: int
+
+
+def run_experiment(trials: int, timeout_s: float, stack: Stack | None) -> tuple[Run, str]:
+    """One experiment of ``trials`` trials in a fresh home (embedded, or on ``stack``); its
+    figures and its stderr (the flow's log)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        env = {**_no_server_env(home), "PYTHONPATH": str(ROOT)}
+        env = {**_no_server_env(home), "PYTHONPATH": str(ROOT), **(stack.env if stack else {})}
         args = [sys.executable, "-m", "flows.experiment", str(CONFIG)]
         args.append(f"searcher.max_trials={trials}")
         log = home / "stderr.txt"
+        before = _database_sizes_mb(stack) if stack else (0.0, 0.0)
         t0 = time.perf_counter()
         with log.open("w") as err:
             child = subprocess.Popen(args, cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=err)
-            peak = _watch(child, t0 + timeout_s)
+            # On the stack the services are this process's children too: count them all.
+            peak = _watch(child, t0 + timeout_s, psutil.Process() if stack else None)
         wall = time.perf_counter() - t0
         text = log.read_text(errors="replace")
+        if stack:
+            after = _database_sizes_mb(stack)
+            mlflow_mb, prefect_mb = after[0] - before[0], after[1] - before[1]
+        else:
+            mlflow_mb = _size_mb(home / "det", "mlflow.db*")
+            prefect_mb = _size_mb(home / "prefect", "*.db*")
         run = Run(
             trials=trials,
             wall_s=wall,
             body_s=_body_seconds(text),
-            mlflow_db_mb=_size_mb(home / "det", "mlflow.db*"),
-            prefect_db_mb=_size_mb(home / "prefect", "*.db*"),
+            mlflow_db_mb=mlflow_mb,
+            prefect_db_mb=prefect_mb,
             peak_rss_mb=peak / 2**20,
             returncode=child.returncode,
         )
     return run, text
 
 
-def _watch(child: subprocess.Popen[bytes], deadline: float) -> int:
-    """Wait for ``child`` (killing its tree at ``deadline``); the peak RSS of its tree."""
+def _watch(
+    child: subprocess.Popen[bytes], deadline: float, counted: psutil.Process | None = None
+) -> int:
+    """Wait for ``child`` (killing its tree at ``deadline``); the peak RSS of its tree, or
+    of ``counted``'s whole tree when given."""
     parent = psutil.Process(child.pid)
     peak = 0
     while child.poll() is None:
         tree = [parent, *_children(parent)]
-        peak = max(peak, sum(_rss(p) for p in tree))
+        measured = _children(counted) if counted else tree
+        peak = max(peak, sum(_rss(p) for p in measured))
         if time.perf_counter() > deadline:
             for proc in reversed(tree):
                 _kill(proc)
@@ -93,6 +124,41 @@ def _watch(child: subprocess.Popen[bytes], deadline: float) -> int:
             break
         time.sleep(0.5)
     return peak
+
+
+@contextlib.contextmanager
+def postgres_stack() -> Iterator[Stack]:
+    """The local stack with PostgreSQL, on ports apart from `make up`'s and the tests'."""
+    from infra import postgres
+    from infra.stack import StackConfig, down, up
+
+    with tempfile.TemporaryDirectory(prefix="scale-stack-") as tmp:
+        config = StackConfig(
+            root=Path(tmp),
+            s3_port=27333,
+            master_port=27334,
+            volume_port=27181,
+            filer_port=27989,
+            mlflow_port=27001,
+            prefect_port=27200,
+            dask_port=27786,
+            postgres_port=27432,
+            seaweed_grpc_shift=-15000,
+        )
+        try:
+            env = up(config)
+            yield Stack(env=env, root=config.root, postgres_port=27432)
+        finally:
+            down(config)
+            shutil.rmtree(postgres.data_dir(config.root).parent, ignore_errors=True)
+
+
+def _database_sizes_mb(stack: Stack) -> tuple[float, float]:
+    """PostgreSQL's own size of the ``mlflow`` and ``prefect`` databases, MB."""
+    from infra import postgres
+
+    sizes = postgres.database_sizes(stack.root, stack.postgres_port)
+    return sizes["mlflow"] / 2**20, sizes["prefect"] / 2**20
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
@@ -139,16 +205,22 @@ def main() -> None:
     parser.add_argument("--trials", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--with-1024", action="store_true", help="also 1,024 trials")
     parser.add_argument("--timeout", type=float, default=3600, help="per experiment, s")
+    parser.add_argument(
+        "--stack", action="store_true", help="on a local stack with PostgreSQL, not embedded"
+    )
     args = parser.parse_args()
     counts = [*args.trials, *([1024] if args.with_1024 else [])]
     machine = f"{platform.node()} ({os.cpu_count()} CPUs), load {os.getloadavg()}"
-    base, _ = run_experiment(1, args.timeout)
-    rows = [base]
-    for n in counts:
-        run, log = run_experiment(n, args.timeout)
-        rows.append(run)
-        if run.returncode != 0:
-            print(f"{n} trials: exit {run.returncode}\n{log[-3000:]}", file=sys.stderr)
+    with postgres_stack() if args.stack else contextlib.nullcontext() as stack:
+        base, _ = run_experiment(1, args.timeout, stack)
+        rows = [base]
+        for n in counts:
+            run, log = run_experiment(n, args.timeout, stack)
+            rows.append(run)
+            if run.returncode != 0:
+                print(f"{n} trials: exit {run.returncode}\n{log[-3000:]}", file=sys.stderr)
+    mode = "stack, PostgreSQL" if args.stack else "embedded"
+    print(f"{mode}; database sizes: {'growth during the run' if args.stack else 'at the end'}")
     print(
         f"{'trials':>6} {'exit':>4} {'wall s':>8} {'body/trial s':>12} {'marginal/trial s':>16}"
         f" {'mlflow MB':>9} {'prefect MB':>10} {'peak RSS MB':>11}"

@@ -16,10 +16,11 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from infra.services import Service, ServiceError, kept_secrets
 
-__all__ = ["DATABASES", "postgres_service", "postgres_urls"]
+__all__ = ["DATABASES", "database_sizes", "postgres_service", "postgres_urls"]
 
 DATABASES = ("mlflow", "prefect")
 USER = "det_tasks"
@@ -120,13 +121,17 @@ def prepare(root: Path) -> None:
     _initdb(root)
 
 
-def create_databases(root: Path, port: int) -> None:
-    """The ``mlflow`` and ``prefect`` databases, created if missing."""
+def _connect(root: Path, port: int) -> Any:
     import psycopg2
 
-    conn = psycopg2.connect(
+    return psycopg2.connect(
         host="127.0.0.1", port=port, user=USER, password=_password(root), dbname="postgres"
     )
+
+
+def create_databases(root: Path, port: int) -> None:
+    """The ``mlflow`` and ``prefect`` databases, created if missing."""
+    conn = _connect(root, port)
     conn.autocommit = True
     with conn.cursor() as cur:
         for name in DATABASES:
@@ -134,6 +139,21 @@ def create_databases(root: Path, port: int) -> None:
             if cur.fetchone() is None:
                 cur.execute(f'CREATE DATABASE "{name}"')
     conn.close()
+
+
+def database_sizes(root: Path, port: int) -> dict[str, int]:
+    """Bytes PostgreSQL holds for each of ``DATABASES`` (``pg_database_size``): how a
+    capacity plan reads the stack's growth."""
+    conn = _connect(root, port)
+    try:
+        with conn.cursor() as cur:
+            sizes = {}
+            for name in DATABASES:
+                cur.execute("SELECT pg_database_size(%s)", (name,))
+                sizes[name] = int(cur.fetchone()[0])
+    finally:
+        conn.close()
+    return sizes
 
 
 def postgres_urls(root: Path, port: int) -> dict[str, str]:

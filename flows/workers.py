@@ -219,6 +219,12 @@ class HeldTrialPlugin(WorkerPlugin):
         finally:
             del held
             gc.collect()
+            # What survives a trial's end belongs to the worker (imported modules, MLflow's
+            # stores, caches): frozen, the next trial's end and training's own full
+            # collections skip it instead of scanning it again (a full collection here
+            # took 0.8-1.6 s of a loaded worker's trial end; forkserver_heap freezes what
+            # was imported before fork the same way).
+            gc.freeze()
             _empty_cuda_cache()
 
     @property

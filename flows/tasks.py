@@ -151,8 +151,9 @@ def checkpoint(
 
 def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> None:
     how = "warm" if result.warm else f"restored from {result.restored_from or 'batch 0'}"
+    ended = f"; trial ended in {result.end_seconds:.3f} s" if result.end_seconds is not None else ""
     get_run_logger().info(
-        "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s)%s",
+        "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s%s)%s",
         trial.spec.trial_id,
         trial.mlflow_run_id,
         what,
@@ -160,5 +161,6 @@ def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> 
         result.worker,
         how,
         result.seconds,
+        ended,
         f": {detail}" if detail is not None else "",
     )

@@ -125,6 +125,9 @@ class StepResult:
     invalid_hp: str | None = None  # the trial raised det.InvalidHP: the searcher drops it
     preempted: str | None = None  # a train step cut short by request_stop: its mode
     recycle_due: bool = False  # the worker holds nothing and has built its share of trials
+    # A step that ended its trial (release_after): the trial's end after the work (its MLflow
+    # run ended, metrics flushed, checkpoints collected, memory freed), in seconds.
+    end_seconds: float | None = None
 
 
 def resume_candidates(
@@ -321,8 +324,13 @@ def run_step(request: StepRequest) -> StepResult:
         plugin.release(err)
         raise
     if request.release_after:
+        ending = time.perf_counter()
         plugin.release(_stopped(request))
-        return dataclasses.replace(result, recycle_due=plugin.recycle_due)
+        return dataclasses.replace(
+            result,
+            recycle_due=plugin.recycle_due,
+            end_seconds=round(time.perf_counter() - ending, 4),
+        )
     return result
 
 

@@ -2,6 +2,8 @@
 
 1. Logging overhead: the same harness run with metrics kept in memory vs sent to the
    local MLflow server (async, batched), at reporting periods of 100 batches and 1 batch.
+   Beside wall time it prints this process's CPU per step (load on a shared machine does not
+   inflate it) and the MLflow server's CPU per step during training.
 2. Checkpoint upload: a ~500 MB state dict through our S3 checkpoint store vs a plain
    boto3 multipart upload of the same file to the same endpoint, and how long the
    training thread is blocked (serialising the state + returning from publish).
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -22,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness_overhead import BenchTrial, _Clock, cpu_name
 
 from det_tasks import pytorch
+from det_tasks.pytorch import PyTorchCallback
 from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.sinks import InMemoryMetricsSink
 from det_tasks.storage import LocalDirectoryStore
@@ -48,8 +53,45 @@ class ManyMetricsTrial(BenchTrial):
         return {"loss": loss, **{f"m{i:02d}": value * i for i in range(1, self.metrics)}}
 
 
-def timed_fit(steps: int, warmup: int, period: int, metrics: int, sink: object) -> float:
-    clock = _Clock(torch.device("cpu"))
+class _CpuClock(_Clock):
+    """Also stamps this process's CPU time (every thread: training and the sink's sender),
+    which other jobs on a shared machine do not inflate the way they do wall time."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+        self.cpu: list[float] = []
+
+    def on_training_workload_end(self, avg_metrics: Any, batch_metrics: Any) -> None:
+        super().on_training_workload_end(avg_metrics, batch_metrics)
+        self.cpu.append(time.process_time())
+
+
+def server_processes() -> list[psutil.Process]:
+    """The MLflow server's processes (the one on MLFLOW_TRACKING_URI's port, and its
+    workers), to count the CPU it spends storing what the sink sends."""
+    port = os.environ["MLFLOW_TRACKING_URI"].rstrip("/").rsplit(":", 1)[-1]
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "mlflow" in " ".join(argv) and "--port" in argv and port in argv:
+            found.update((p.pid, p) for p in [proc, *proc.children(recursive=True)])
+    return list(found.values())
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def timed_fit(
+    steps: int, warmup: int, period: int, metrics: int, sink: object
+) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) per step after the warm-up."""
+    clock = _CpuClock()
     with tempfile.TemporaryDirectory() as tmp:
         ctx = pytorch.init(
             hparams={"model": "mlp", "records": 2048, "global_batch_size": 32},
@@ -59,7 +101,7 @@ def timed_fit(steps: int, warmup: int, period: int, metrics: int, sink: object) 
         )
         trial = ManyMetricsTrial(ctx)
         trial.metrics = metrics
-        clocked = {"clock": clock}
+        clocked: dict[str, PyTorchCallback] = {"clock": clock}
         trial.build_callbacks = lambda: clocked  # type: ignore[method-assign]
         points = sorted({warmup, *range(warmup + period, warmup + steps + 1, period)})
         pytorch.Trainer(trial, ctx).fit(
@@ -67,29 +109,41 @@ def timed_fit(steps: int, warmup: int, period: int, metrics: int, sink: object) 
             reporting_period=pytorch.Batch(points),
             checkpoint_policy="none",
         )
-    return (clock.stamps[-1] - clock.stamps[0]) / steps
+    wall = (clock.stamps[-1] - clock.stamps[0]) / steps
+    return wall, (clock.cpu[-1] - clock.cpu[0]) / steps
 
 
 CASES = [(100, 1), (1, 1), (1, 50)]  # (reporting period in batches, metrics per batch)
 
 
-def logging_overhead(steps: int, repeats: int) -> dict[str, float]:
+def logging_overhead(
+    steps: int, repeats: int, cases: list[tuple[int, int]] = CASES
+) -> dict[str, float]:
     """Step time with the MLflow sink over step time with an in-memory sink, interleaved.
     Each MLflow run is drained (sink.close) before the next run starts, so the server's
-    backlog from one run never lands on the next."""
+    backlog from one run never lands on the next. Beside wall time: this process's CPU per
+    step (the sink's own cost, sender thread included) and the server's CPU per step
+    during training (on a 2-core machine the server competes with training for the cores)."""
     from registry.metrics import MlflowMetricsSink
     from registry.tracking import ExperimentRuns, client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     runs = ExperimentRuns(client, "bench-logging", uuid.uuid4().hex, {"searcher": {}})
+    server = server_processes()
     out: dict[str, float] = {}
-    for period, metrics in CASES:
-        base, logged, drains = [], [], []
+    for period, metrics in cases:
+        base, logged, drains, base_cpu, logged_cpu, server_cpu = [], [], [], [], [], []
         for r in range(repeats):
-            base.append(timed_fit(steps, 100, period, metrics, InMemoryMetricsSink()))
+            wall, cpu = timed_fit(steps, 100, period, metrics, InMemoryMetricsSink())
+            base.append(wall)
+            base_cpu.append(cpu)
             run_id = runs.trial_run(f"p{period}-m{metrics}-{r}", {}, {})
             sink = MlflowMetricsSink(client, run_id, spill_dir=Path(tempfile.mkdtemp()))
-            logged.append(timed_fit(steps, 100, period, metrics, sink))
+            served = cpu_seconds(server)
+            wall, cpu = timed_fit(steps, 100, period, metrics, sink)
+            server_cpu.append((cpu_seconds(server) - served) / (steps + 100))
+            logged.append(wall)
+            logged_cpu.append(cpu)
             t0 = time.perf_counter()
             sink.close()
             drains.append(time.perf_counter() - t0)
@@ -97,7 +151,12 @@ def logging_overhead(steps: int, repeats: int) -> dict[str, float]:
         out[f"{case}_ms_in_memory"] = 1000 * statistics.median(base)
         out[f"{case}_ms_mlflow"] = 1000 * statistics.median(logged)
         out[f"{case}_ratio"] = statistics.median(logged) / statistics.median(base)
+        out[f"{case}_cpu_ms_in_memory"] = 1000 * statistics.median(base_cpu)
+        out[f"{case}_cpu_ms_mlflow"] = 1000 * statistics.median(logged_cpu)
+        out[f"{case}_cpu_ratio"] = statistics.median(logged_cpu) / statistics.median(base_cpu)
+        out[f"{case}_server_cpu_ms_per_step"] = 1000 * statistics.median(server_cpu)
         out[f"{case}_drain_after_training_s"] = statistics.median(drains)
+        out[f"{case}_load_average"] = os.getloadavg()[0]
     return out
 
 
@@ -170,6 +229,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--checkpoint-mb", type=int, default=500)
     parser.add_argument("--only", choices=["logging", "checkpoint"])
+    parser.add_argument(
+        "--case",
+        action="append",
+        choices=[f"{p}x{m}" for p, m in CASES],
+        help="logging cases to run, PERIODxMETRICS (default: all)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     started_stack: StackConfig | None = None
@@ -181,7 +246,8 @@ def main() -> None:
     try:
         result: dict[str, Any] = {"machine": machine()}
         if args.only in (None, "logging"):
-            result["logging"] = logging_overhead(args.steps, args.repeats)
+            cases = [c for c in CASES if args.case is None or f"{c[0]}x{c[1]}" in args.case]
+            result["logging"] = logging_overhead(args.steps, args.repeats, cases)
         if args.only in (None, "checkpoint"):
             result["checkpoint"] = checkpoint_upload(args.checkpoint_mb)
     finally:

@@ -36,8 +36,15 @@ def to_device(data: Any, device: torch.device | str, non_blocking: bool = False)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(to_device(v, device, non_blocking) for v in data))
     if isinstance(data, list | tuple):
+        if type(data) in _PLAIN_SEQUENCES and all(
+            type(v) is torch.Tensor and v.device == device for v in data
+        ):
+            return data  # the usual CPU batch, [inputs, labels]: nothing to move or rebuild
         return type(data)(to_device(v, device, non_blocking) for v in data)
     return data
+
+
+_PLAIN_SEQUENCES = (list, tuple)
 
 
 def data_length(data: Any) -> int:

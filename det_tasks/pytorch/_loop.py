@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import sys
@@ -28,7 +29,7 @@ from det_tasks.pytorch import _parallel
 from det_tasks.pytorch._callback import PyTorchCallback, adapt_legacy_signatures
 from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.pytorch._context import PyTorchTrialContext
-from det_tasks.pytorch._data import DataLoader
+from det_tasks.pytorch._data import DataLoader, to_device
 from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
 from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._metrics import TrainingMetricsBuffer, average_across_ranks, check_metrics
@@ -150,8 +151,9 @@ class TrialController:
         for model in self.context.models:
             model.train()
         profiler = self.context.profiler
+        until = min(batches, self.max_batches)
         with profiler if profiler is not None else contextlib.nullcontext():
-            while self.batches_trained < min(batches, self.max_batches):
+            while self.batches_trained < until:
                 self._train_batch()
                 if profiler is not None:
                     profiler.step()
@@ -314,10 +316,10 @@ class TrialController:
         if auto and ctx.device.type == "cuda" and _thread_safe_source(train_loader):
             self._prefetcher = DevicePrefetcher(source, ctx.device)
             self._train_iter: Iterator[Any] = self._prefetcher
-        elif auto and ctx.device.type != "cpu":
-            self._train_iter = (ctx.to_device(b) for b in source)
+        elif auto:
+            self._train_iter = map(to_device, source, itertools.repeat(ctx.device))
         else:
-            self._train_iter = (ctx.to_device(b) for b in source) if auto else source
+            self._train_iter = source
 
     def _close_data(self) -> None:
         if getattr(self, "_prefetcher", None) is not None:

@@ -1,0 +1,70 @@
+"""The MLflow sink without a server: its retry rule against a fake client (steps its writer
+already stored are not re-sent, and only keys the run already holds cost a history
+request), and the log-batch body it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from registry.metrics import MlflowMetricsSink
+
+
+class FakeClient:
+    """The few MlflowClient calls the sink makes, over a local (non-HTTP) store."""
+
+    tracking_uri = "sqlite:///unused.db"
+
+    def __init__(self, stored: dict[str, list[tuple[int, int]]]) -> None:
+        self.stored = stored  # key -> [(step, timestamp)]
+        self.calls: list[tuple[str, str | None]] = []
+        self.logged: list[tuple[str, float, int]] = []
+
+    def get_run(self, run_id: str) -> Any:
+        self.calls.append(("get_run", None))
+        latest = {key: 0.0 for key in self.stored}
+        return SimpleNamespace(data=SimpleNamespace(metrics=latest))
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        self.calls.append(("get_metric_history", key))
+        return [SimpleNamespace(step=s, timestamp=t) for s, t in self.stored.get(key, [])]
+
+    def log_batch(self, run_id: str, metrics: list[Any]) -> None:
+        self.logged += [(m.key, m.value, m.step) for m in metrics]
+
+
+def test_a_retried_trial_sends_only_new_steps_and_reads_history_only_of_stored_keys(
+    tmp_path: Path,
+) -> None:
+    client = FakeClient({"training/loss": [(1, 1000), (2, 1000), (3, 1000)]})
+    sink = MlflowMetricsSink(client, "run", spill_dir=tmp_path, close_timeout_s=10)  # type: ignore[arg-type]
+    for step in (2, 3, 4, 5):
+        sink.report_training(step, {"loss": float(step), "acc": step / 10})
+    sink.close()
+    assert sorted(client.logged) == [
+        ("training/acc", 0.2, 2), ("training/acc", 0.3, 3), ("training/acc", 0.4, 4),
+        ("training/acc", 0.5, 5), ("training/loss", 4.0, 4), ("training/loss", 5.0, 5),
+    ]  # fmt: skip
+    assert client.calls == [("get_run", None), ("get_metric_history", "training/loss")]
+    assert sink.sent_points == 6
+
+
+def test_the_log_batch_body_is_json_dumps_text_with_protobuf_spellings_of_nan_and_inf(
+    tmp_path: Path,
+) -> None:
+    sink = MlflowMetricsSink(FakeClient({}), "run-1", spill_dir=tmp_path)  # type: ignore[arg-type]
+    finite = [
+        ("training/loss", 0.1, 1764082000000, 3),
+        ('odd"ké\\y', -0.0, 1, 2),
+        ("a", 1e300, 5, 6),
+    ]
+    as_dicts = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in finite]
+    assert sink._batch_json(finite) == json.dumps({"run_id": "run-1", "metrics": as_dicts})
+    odd = [("x", math.nan, 1, 1), ("y", math.inf, 1, 1), ("z", -math.inf, 1, 1)]
+    assert [m["value"] for m in json.loads(sink._batch_json(odd))["metrics"]] == [
+        "NaN", "Infinity", "-Infinity",
+    ]  # fmt: skip
+    sink.close()

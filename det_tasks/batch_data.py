@@ -103,8 +103,8 @@ def shard_batches(
             stop = min(start + batch_size, rows.stop)
             yield np.arange(start, stop), [t[start:stop] for t in dataset.tensors]
         return
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.Subset(dataset, rows), batch_size=batch_size, shuffle=False
-    )
+    # The range as the sampler: the loader indexes the dataset itself (its __getitems__
+    # when it has one), as a plain loop's does, not through a Subset's extra call a record.
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=rows)
     for start, batch in zip(range(rows.start, rows.stop, batch_size), loader, strict=True):
         yield np.arange(start, min(start + batch_size, rows.stop)), batch

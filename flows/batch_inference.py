@@ -178,6 +178,7 @@ def batch_inference(
         "peak_rss_mb": max((r.get("peak_rss_mb", 0.0) for r in results), default=0.0),
         "shard_seconds": round(sum(r["seconds"] for r in results), 3),
         "stream_seconds": round(sum(r.get("stream_seconds", 0.0) for r in results), 3),
+        "stream_cpu_seconds": round(sum(r.get("stream_cpu_seconds", 0.0) for r in results), 3),
     }
     if settings.tracking_uri:
         _log_run(settings.tracking_uri, f"{safe_model}-{name}", model_uri, output, summary)

@@ -31,8 +31,10 @@ from det_tasks.checkpoint_format import verify
 from det_tasks.pytorch import load_trial_from_checkpoint_path
 from det_tasks.pytorch._load import _check_code_trusted as check_code_trusted
 from det_tasks.uris import open_checkpoint_uri
+from flows.worker_heap import reuse_freed_memory
 from registry import parquet_dataset
 from registry import s3 as s3_lib
+from registry.local_files import FileLocation
 
 __all__ = ["ShardRequest", "run_shard", "shard_name"]
 
@@ -107,29 +109,35 @@ def _release_held_trial() -> None:
 
 class _Spill:
     """Predictions buffered in memory up to ``limit`` rows, then appended to a local Parquet
-    file as one row group: few, large writes, and memory bounded whatever the shard's size."""
+    file as one row group: few, large writes, and memory bounded whatever the shard's size.
+    The outputs are copied into one block allocated once, not kept as a small array a batch:
+    those, left between each batch's freed temporaries, fragmented the worker's heap (+120 MB
+    at 250,000 records a shard, once the worker reuses freed memory; flows.worker_heap)."""
 
     def __init__(self, path: Path, limit: int = 65_536) -> None:
         self.path = path
         self.limit = limit
         self.ids: list[np.ndarray] = []
-        self.outputs: list[np.ndarray] = []
+        self.block: np.ndarray | None = None  # (rows, width): the buffered outputs
         self.buffered = 0
         self.rows = 0
         self.writer: pq.ParquetWriter | None = None
 
     def add(self, ids: np.ndarray, outputs: np.ndarray) -> None:
-        self.ids.append(np.asarray(ids))
-        self.outputs.append(outputs)
-        self.buffered += len(ids)
-        self.rows += len(ids)
-        if self.buffered >= self.limit:
+        n = len(ids)
+        if self.block is None or self.buffered + n > len(self.block):
             self.flush()
+            if self.block is None or n > len(self.block):
+                self.block = np.empty((max(self.limit, n), *outputs.shape[1:]), outputs.dtype)
+        self.block[self.buffered : self.buffered + n] = outputs
+        self.ids.append(np.asarray(ids))
+        self.buffered += n
+        self.rows += n
 
     def flush(self) -> None:
-        if not self.buffered:
+        if not self.buffered or self.block is None:
             return
-        outputs = np.concatenate(self.outputs)
+        outputs = self.block[: self.buffered]
         table = pa.table(
             {
                 "index": pa.array(np.concatenate(self.ids)),
@@ -139,9 +147,14 @@ class _Spill:
                 "argmax": pa.array(outputs.argmax(axis=1)),
             }
         )
-        self.writer = self.writer or pq.ParquetWriter(self.path, table.schema)
+        # Dictionary-encoding only the class column: pyarrow tries a dictionary for every
+        # column by default, and for unique ids and float outputs that is wasted work (33 ms
+        # instead of 5.5 ms a 25,000-row group, and a file 1.5x the size); same values read.
+        self.writer = self.writer or pq.ParquetWriter(
+            self.path, table.schema, use_dictionary=["argmax"]
+        )
         self.writer.write_table(table)
-        self.ids, self.outputs, self.buffered = [], [], 0
+        self.ids, self.buffered = [], 0
 
     def close(self) -> None:
         self.flush()
@@ -154,8 +167,9 @@ class _Spill:
 def run_shard(req: ShardRequest) -> dict[str, Any]:
     """Predict one shard; skipped (``skipped: True``) when its object already exists."""
     started = time.perf_counter()
-    s3 = s3_lib.client()
     location = s3_lib.parse_location(req.output).child(shard_name(req.shard, req.num_shards))
+    # A local output needs no client (building one takes ~0.1 s of botocore's JSON).
+    s3 = None if isinstance(location, FileLocation) else s3_lib.client()
     if s3_lib.object_exists(s3, location):
         return {"shard": req.shard, "skipped": True, "rows": 0, "seconds": 0.0}
     _release_held_trial()
@@ -168,13 +182,15 @@ def run_shard(req: ShardRequest) -> dict[str, Any]:
         spill = _Spill(scratch / "part.parquet")
         batches = _batches(req)
         streaming = time.perf_counter()  # the model is loaded: the loop alone from here
-        with torch.inference_mode():
+        streaming_cpu = time.thread_time()  # this thread's CPU: what a busy host leaves alone
+        with reuse_freed_memory(), torch.inference_mode():
             for ids, batch in batches:
                 inputs = model_input(batch)
                 out = predict(inputs if on_cpu else trial.context.to_device(inputs))
                 spill.add(ids, out.detach().float().cpu().reshape(len(ids), -1).numpy())
-        spill.close()
+            spill.close()
         stream_seconds = time.perf_counter() - streaming
+        stream_cpu_seconds = time.thread_time() - streaming_cpu
         s3_lib.upload_file(s3, spill.path, location)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -184,6 +200,7 @@ def run_shard(req: ShardRequest) -> dict[str, Any]:
         "rows": spill.rows,
         "seconds": time.perf_counter() - started,
         "stream_seconds": stream_seconds,
+        "stream_cpu_seconds": stream_cpu_seconds,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

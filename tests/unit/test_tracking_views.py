@@ -187,3 +187,14 @@ def test_learning_curves_png_one_colour_per_trial_and_a_worded_title():
     assert ax.get_title() == "validation_error per trial"
     assert ax.get_ylabel() == "validation validation_error"
     assert len({line.get_color() for line in ax.get_lines()}) == 16
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [c.label for c in curves]
+
+
+def test_learning_curves_png_of_many_trials_names_them_in_the_html_page_not_a_legend():
+    from registry.plots import learning_curves_figure
+
+    curves = [TrialCurve(f"trial-{i}", [1, 2], [1.0, 0.5], {}) for i in range(1, 1025)]
+    (ax,) = learning_curves_figure(curves, "validation_error").axes
+    assert ax.get_legend() is None
+    assert ax.get_title() == "validation_error per trial (1024 trials; names in experiment.html)"
+    assert len(ax.get_lines()) == 1024

@@ -110,6 +110,7 @@ class TrialChains:
                 waited = [*running, *self.recycler.pending()]
                 done, _ = wait_futures(waited, timeout=1.0, return_when=FIRST_COMPLETED)
                 self._poll_stop()
+                self.table.publish_if_stale()
                 for fut in done:
                     if fut not in running:  # a recycled worker is back
                         continue
@@ -184,7 +185,7 @@ class TrialChains:
             self._release(stage.ref, result, self.stop.state)
         if stage.kind == "checkpoint" and result.checkpoint:
             self.table.segment_done(trial_id, result.position, math.nan, result.checkpoint)
-        self.table.publish()
+        self.table.publish_soon()
 
     def wait_releases(self, timeout_s: float = 120.0) -> None:
         if self.releases:
@@ -258,7 +259,7 @@ class TrialChains:
         self.placement.done(trial_id)
         if result.invalid_hp is not None:  # det.InvalidHP: dropped, maybe replaced
             self.table.set_state(trial_id, "INVALID_HP")
-            self.table.publish()
+            self.table.publish_soon()
             replacements = searcher.report_invalid(trial_id)
             persist(searcher, self.runs)
             return [], replacements
@@ -282,7 +283,7 @@ class TrialChains:
             self.table.set_state(trial_id, self.stop.state or "PAUSED")
             self._release(stage.ref, result, self.stop.state)
             mine = []
-        self.table.publish()
+        self.table.publish_soon()
         if self.best is None or better(metric, self.best["metric"], self.cfg):
             self.best = {
                 "trial_id": trial_id,

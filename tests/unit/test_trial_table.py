@@ -224,3 +224,31 @@ def test_numbers_are_shown_to_four_significant_digits():
     assert significant(7) == 7 and significant(True) is True and significant("x") == "x"
     assert significant(math.nan) == "nan" and significant(-math.inf) == "-inf"
     assert significant(None) is None
+
+
+def test_trial_ends_publish_at_most_every_interval_and_the_last_change_is_sent(monkeypatch):
+    """publish_soon: at most one send per interval (2 s, or 10 ms a trial for large
+    tables), the change it held back sent once the interval has passed."""
+    artifacts = Artifacts(monkeypatch)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    now = [1000.0]
+    monkeypatch.setattr(trial_table.time, "monotonic", lambda: now[0])
+    table = TrialTable("big", "loss", True, str, total_trials=400, best_of=None)
+    for trial_id in range(1, 301):
+        table.add(trial_id, {"lr": 0.1}, f"r{trial_id}")
+    assert table.publish_interval_s == pytest.approx(3.0)  # 300 trials x 10 ms
+    table.set_state(1, "COMPLETED")
+    table.publish_soon()  # the first: sent at once
+    for trial_id in (2, 3):
+        now[0] += 1.0
+        table.set_state(trial_id, "COMPLETED")
+        table.publish_soon()  # held back: 1 s and 2 s after the last send
+        table.publish_if_stale()
+    assert len(artifacts.tables) == 1 and artifacts.table_updates == []
+    now[0] += 1.0  # 3 s: due
+    table.publish_if_stale()
+    table.publish_if_stale()  # nothing new since: nothing sent
+    assert len(artifacts.table_updates) == 1
+    states = {r["trial"]: r["state"] for r in artifacts.latest_table()}
+    assert [states[t] for t in (1, 2, 3)] == ["COMPLETED"] * 3
+    assert TrialTable("small", "loss", True, str, best_of=None).publish_interval_s == 2.0

@@ -27,14 +27,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def cnn_steps(steps: int, raised: bool) -> tuple[float, float]:
-    """CPU ms and minor page faults per step of the CNN's training, after 20 warm-up steps;
-    ``raised``: inside reuse_freed_memory()."""
+def cnn_steps(model: Any, steps: int, raised: bool) -> tuple[float, float]:
+    """CPU ms and minor page faults per step of ``model``'s training, after 20 warm-up
+    steps; ``raised``: inside reuse_freed_memory()."""
     import torch
     from torch import nn
 
@@ -42,18 +43,6 @@ def cnn_steps(steps: int, raised: bool) -> tuple[float, float]:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(1, 32, 5),
-        nn.MaxPool2d(2),
-        nn.ReLU(),
-        nn.Conv2d(32, 64, 5),
-        nn.MaxPool2d(2),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(1024, 50),
-        nn.ReLU(),
-        nn.Linear(50, 10),
-    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
 
@@ -73,6 +62,15 @@ def cnn_steps(steps: int, raised: bool) -> tuple[float, float]:
     return 1000 * cpu / steps, faults / steps
 
 
+def mnist_cnn() -> Any:
+    """The tutorial's CNN as bench/harness_overhead.py builds it, same initial weights."""
+    import torch
+    from harness_overhead import make_model
+
+    torch.manual_seed(0)
+    return make_model("cnn")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200)
@@ -88,9 +86,10 @@ def main() -> None:
     rows: dict[str, list[tuple[float, float]]] = {"plain": [], "worker": [], "worker_raised": []}
     with embedded_cluster(1, 1, port), Client(f"tcp://127.0.0.1:{port}") as client:
         for _ in range(args.repeats):  # interleaved: load changes hit all three alike
-            rows["plain"].append(cnn_steps(args.steps, raised=False))
+            rows["plain"].append(cnn_steps(mnist_cnn(), args.steps, raised=False))
             for name, raised in (("worker", False), ("worker_raised", True)):
-                rows[name].append(client.submit(cnn_steps, args.steps, raised, pure=False).result())
+                step = client.submit(cnn_steps, mnist_cnn(), args.steps, raised, pure=False)
+                rows[name].append(step.result())
     medians = {
         name: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
         for name, runs in rows.items()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -41,8 +42,10 @@ STREAMING_TRIM_THRESHOLD = 2 * STREAMING_MMAP_THRESHOLD
 _ENV = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
 
 
+@functools.cache
 def _glibc() -> Any:
-    """glibc, or None where malloc is another's (macOS, musl)."""
+    """glibc, or None where malloc is another's (macOS, musl); looked up once a process
+    (find_library runs ldconfig, which every trial step would otherwise pay)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.gnu_get_libc_version  # noqa: B018  (raises AttributeError where not glibc)

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -104,9 +105,19 @@ def _warm_forkserver() -> None:
     warm in well under a second instead of importing them itself; ``flows.forkserver_heap``
     (last) freezes that heap so the workers keep sharing it."""
     ctx = get_mp_context()  # Dask sets its own forkserver preload list on first use
-    ctx.set_forkserver_preload(
-        ["__main__", "distributed", "flows.workers", "flows.forkserver_heap"]
-    )
+    preload = ["__main__", *_main_module_by_name(), "distributed", "flows.workers"]
+    ctx.set_forkserver_preload([*preload, "flows.forkserver_heap"])
+
+
+def _main_module_by_name() -> list[str]:
+    """The main module of ``python -m NAME`` (``flows.experiment``, Prefect's engine), for
+    the forkserver to import. Why: every forked child re-runs the main module (as
+    ``__mp_main__``), and the forkserver's ``"__main__"`` preload covers only a main script
+    run by path; a child then imported Prefect itself, ~0.9 s of each worker's start."""
+    name = getattr(sys.modules["__main__"].__spec__, "name", None)
+    if not name or name == "__main__" or name.endswith(".__main__"):
+        return []  # a script by path, or a package's __main__ (children do not re-run it)
+    return [name]
 
 
 # Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is

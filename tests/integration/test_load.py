@@ -207,6 +207,8 @@ def test_thirty_two_mnist_trials_at_once_on_postgresql(
         timeout=1800,
     )
     wall_s = time.perf_counter() - started
+    # Kept for a CI run's post-mortem (pytest's tmp folders outlive the run).
+    (tmp_path / "flow.log").write_text(proc.stderr)
     assert proc.returncode == 0, proc.stderr[-6000:]
     summary = json.loads(proc.stdout)
     found, errors = _audit(summary, postgres_stack)

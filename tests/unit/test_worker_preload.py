@@ -1,0 +1,78 @@
+"""What the warm workers' forkserver imports before it forks them, and the S3 client an
+experiment's end builds only when it needs one (issue 24: a fresh worker's first step spent
+3.7 s importing torch._dynamo, the MLflow store and the re-run main module)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from flows import engine
+from registry import s3
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("spec_name", "preloaded"),
+    [
+        ("flows.experiment", ["flows.experiment"]),  # python -m flows.experiment
+        ("prefect.engine", ["prefect.engine"]),  # a deployment's flow run
+        ("pytest.__main__", []),  # a package's __main__: children do not re-run it
+        (None, []),  # a script run by path: the "__main__" preload covers it
+    ],
+)
+def test_the_forkserver_imports_the_main_module_children_would_re_run(
+    monkeypatch: pytest.MonkeyPatch, spec_name: str | None, preloaded: list[str]
+) -> None:
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name=spec_name) if spec_name else None  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert engine._main_module_by_name() == preloaded
+
+
+def _imported_after(uri: str) -> dict[str, bool]:
+    code = (
+        "import json, sys; from registry.tracking import import_tracking_store; "
+        f"import_tracking_store({uri!r}); "
+        "print(json.dumps({m: m in sys.modules for m in "
+        "('mlflow.store.tracking.sqlalchemy_store', 'sqlalchemy')}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(done.stdout))
+
+
+def test_a_database_uri_has_its_store_module_imported_without_opening_it(tmp_path: Path) -> None:
+    database = tmp_path / "mlflow.db"
+    imported = _imported_after(f"sqlite:///{database}")
+    assert imported == {"mlflow.store.tracking.sqlalchemy_store": True, "sqlalchemy": True}
+    assert not database.exists()  # imported, not opened: no connection crosses a fork
+
+
+def test_a_server_uri_imports_no_database_store() -> None:
+    imported = _imported_after("http://127.0.0.1:5000")
+    assert imported["mlflow.store.tracking.sqlalchemy_store"] is False
+
+
+def test_the_lazy_s3_client_is_built_at_its_first_use_and_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[str | None] = []
+
+    def fake_client(endpoint_url: str | None = None) -> types.SimpleNamespace:
+        built.append(endpoint_url)
+        return types.SimpleNamespace(list_objects_v2=lambda **kw: {"asked": kw})
+
+    monkeypatch.setattr(s3, "client", fake_client)
+    lazy = s3.lazy_client("http://127.0.0.1:8333")
+    assert built == []  # an experiment with only local checkpoints never builds one
+    assert lazy.list_objects_v2(Bucket="b") == {"asked": {"Bucket": "b"}}
+    assert lazy.list_objects_v2(Bucket="c") == {"asked": {"Bucket": "c"}}
+    assert built == ["http://127.0.0.1:8333"]

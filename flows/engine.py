@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, def
 from distributed.utils import get_mp_context
 
 from det_tasks.errors import ConfigError
+from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
 from flows.workers import (
     PLUGIN_NAME,
@@ -100,24 +100,8 @@ def _register(client: Client) -> None:
 
 
 def _warm_forkserver() -> None:
-    """Worker processes fork from one server that has imported torch, the harness and the
-    MLflow/S3 clients once: a worker (or its restart after a crash or recycling) starts
-    warm in well under a second instead of importing them itself; ``flows.forkserver_heap``
-    (last) freezes that heap so the workers keep sharing it."""
-    ctx = get_mp_context()  # Dask sets its own forkserver preload list on first use
-    preload = ["__main__", *_main_module_by_name(), "distributed", "flows.workers"]
-    ctx.set_forkserver_preload([*preload, "flows.forkserver_heap"])
-
-
-def _main_module_by_name() -> list[str]:
-    """The main module of ``python -m NAME`` (``flows.experiment``, Prefect's engine), for
-    the forkserver to import. Why: every forked child re-runs the main module (as
-    ``__mp_main__``), and the forkserver's ``"__main__"`` preload covers only a main script
-    run by path; a child then imported Prefect itself, ~0.9 s of each worker's start."""
-    name = getattr(sys.modules["__main__"].__spec__, "name", None)
-    if not name or name == "__main__" or name.endswith(".__main__"):
-        return []  # a script by path, or a package's __main__ (children do not re-run it)
-    return [name]
+    """Workers fork from a warm server (see flows.warm_forkserver)."""
+    warm_forkserver.configure(get_mp_context())  # after Dask has set its own list
 
 
 # Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is

@@ -15,16 +15,13 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from det_tasks.config import ExperimentConfig
-from det_tasks.searcher import Searcher, make_searcher
+from flows import warm_forkserver
 from flows.embedded import EmbeddedPrefectServer, use_embedded_defaults
-from flows.engine import SCHEDULER_ENV, background_cluster
 
 
 def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
@@ -69,14 +66,13 @@ class _Prestarted:
     checked: _CommandLine  # the command line, checked (main does not check it again)
     server: EmbeddedPrefectServer | None  # Prefect's server, starting in its own process
     chosen: dict[str, str]  # the no-server defaults use_embedded_defaults filled in
-    cluster: contextlib.ExitStack  # the embedded Dask cluster, starting in a thread
 
 
 def _prestart(argv: list[str]) -> _Prestarted | None:
-    """With valid input, start Prefect's server (its own process) and the embedded Dask
-    cluster (its forkserver imports what workers need) now, while this module imports
-    Prefect, MLflow and Dask: the three start-ups overlap. With bad input start nothing
-    (main says what is wrong, and nothing was created)."""
+    """With valid input, start Prefect's server and the warm workers' forkserver (each its
+    own process: the server imports Prefect's, the forkserver what a trial step needs) now,
+    while this module imports Prefect, MLflow and Dask: the three start-ups overlap. With
+    bad input start nothing (main says what is wrong, and nothing was created)."""
     from det_tasks.errors import DetTasksError
 
     if not argv or argv[0] in ("-h", "--help"):
@@ -89,19 +85,12 @@ def _prestart(argv: list[str]) -> _Prestarted | None:
     if not memory.isdigit() or int(memory) <= 0:
         return None
     server = EmbeddedPrefectServer.start()
-    chosen = use_embedded_defaults()  # before the cluster: its workers inherit the choice
-    cluster = contextlib.ExitStack()
-    if not os.environ.get(SCHEDULER_ENV):
-        cfg = checked.cfg
-        cluster.enter_context(background_cluster(worker_count(cfg), cfg.resources.slots_per_trial))
-    return _Prestarted(checked, server, chosen, cluster)
-
-
-def worker_count(cfg: ExperimentConfig) -> int:
-    """Workers an experiment can use at once: its concurrency limit, or fewer when its
-    searcher cannot run that many trials at once (1 for ``single``)."""
-    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
-    return max(1, min(limit, len(make_searcher(cfg).start())))
+    chosen = use_embedded_defaults()  # before the forkserver: the workers inherit the choice
+    if not os.environ.get("DET_TASKS_DASK_SCHEDULER"):  # engine.SCHEDULER_ENV (not imported yet)
+        # Not the cluster itself: its thread would import modules while this one does, and
+        # concurrent imports of packages with import cycles fail at random.
+        warm_forkserver.start()
+    return _Prestarted(checked, server, chosen)
 
 
 _PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else None
@@ -115,13 +104,17 @@ from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, t
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.runner.local import check_entrypoint, load_raw_config
+from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
 from flows.embedded import start_shielded_prefect_server
 from flows.engine import (
+    SCHEDULER_ENV,
     Placement,
+    background_cluster,
     dask_client,
     release_everywhere,
     stop_everywhere,
@@ -136,7 +129,7 @@ from registry.s3 import lazy_client as s3_client
 from registry.searcher_state import load_searcher_state
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
-from registry.tracking import ExperimentRuns, client_for, import_tracking_store, mlflow_link
+from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
 __all__ = ["experiment", "worker_count"]
 
@@ -193,6 +186,13 @@ def experiment(
         return _run_experiment(config_path, model_path, overrides, package, experiment_key)
     finally:
         shutil.rmtree(model_path.parent, ignore_errors=True)
+
+
+def worker_count(cfg: ExperimentConfig) -> int:
+    """Workers an experiment can use at once: its concurrency limit, or fewer when its
+    searcher cannot run that many trials at once (1 for ``single``)."""
+    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
+    return max(1, min(limit, len(make_searcher(cfg).start())))
 
 
 def _run_experiment(
@@ -356,11 +356,6 @@ def main(argv: list[str] | None = None, prestarted: _Prestarted | None = None) -
             file=sys.stderr,
         )
         return 2
-    with prestarted.cluster if prestarted else contextlib.nullcontext():
-        return _main(args, prestarted)
-
-
-def _main(args: list[str], prestarted: _Prestarted | None) -> int:
     try:  # before a Prefect server starts: a typo costs a second, not ten
         checked = prestarted.checked if prestarted else _check_command_line(args)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
@@ -369,14 +364,6 @@ def _main(args: list[str], prestarted: _Prestarted | None) -> int:
         return 2
     cfg = checked.cfg
     chosen = prestarted.chosen if prestarted else use_embedded_defaults()
-    # Imported while the main thread waits for Prefect's server and the Dask workers
-    # (the SQLAlchemy store: ~1.4 s of this process's start-up, measured with py-spy).
-    importer = threading.Thread(
-        target=import_tracking_store,
-        args=(os.environ.get("MLFLOW_TRACKING_URI", ""),),
-        daemon=True,
-    )
-    importer.start()
     if chosen:
         print(
             f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import engine
+from flows import warm_forkserver
 from registry import s3
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_the_forkserver_imports_the_main_module_children_would_re_run(
     main = types.ModuleType("__main__")
     main.__spec__ = types.SimpleNamespace(name=spec_name) if spec_name else None  # type: ignore[assignment]
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert engine._main_module_by_name() == preloaded
+    assert warm_forkserver._main_module_by_name() == preloaded
 
 
 def _imported_after(uri: str) -> dict[str, bool]:

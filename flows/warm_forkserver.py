@@ -1,0 +1,46 @@
+"""The forkserver the warm Dask workers fork from: what it imports before it forks them,
+and starting it before the process that needs it has finished its own imports.
+
+Why: a worker forked from a server that has imported torch, the harness and the MLflow/S3
+clients starts in well under a second instead of importing them itself (a restart after a
+crash or recycling too). ``flows.forkserver_heap`` comes last: it imports what a trial's
+first step needs and freezes that heap so the workers keep sharing it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import sys
+from typing import Any
+
+__all__ = ["configure", "preload_modules", "start"]
+
+
+def preload_modules() -> list[str]:
+    """What the forkserver imports, in order."""
+    first = ["__main__", *_main_module_by_name(), "distributed", "flows.workers"]
+    return [*first, "flows.forkserver_heap"]
+
+
+def configure(context: Any) -> None:
+    """Give ``context`` (a multiprocessing context) our preload list; it takes effect when
+    the forkserver starts."""
+    context.set_forkserver_preload(preload_modules())
+
+
+def start() -> None:
+    """Start the forkserver now, as its own process (it imports in parallel with this one);
+    returns at once. It stops when this process ends."""
+    configure(multiprocessing.get_context("forkserver"))
+    multiprocessing.forkserver.ensure_running()
+
+
+def _main_module_by_name() -> list[str]:
+    """The main module of ``python -m NAME`` (``flows.experiment``, Prefect's engine). Why:
+    every forked child re-runs the main module (as ``__mp_main__``), and the forkserver's
+    ``"__main__"`` preload covers only a main script run by path; each child then imported
+    Prefect itself, ~0.9 s of a worker's start."""
+    name = getattr(sys.modules["__main__"].__spec__, "name", None)
+    if not name or name == "__main__" or name.endswith(".__main__"):
+        return []  # a script by path, or a package's __main__ (children do not re-run it)
+    return [name]

@@ -20,8 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flows import warm_forkserver
-from flows.embedded import EmbeddedPrefectServer, use_embedded_defaults
+from flows.embedded import EmbeddedPrefectServer
 
 
 def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
@@ -59,41 +58,26 @@ def _check_command_line(args: list[str]) -> _CommandLine:
     return _CommandLine(args[0], args[1:], key, cfg)
 
 
-@dataclasses.dataclass
-class _Prestarted:
-    """What ``python -m flows.experiment`` started before its heavy imports, for main."""
-
-    checked: _CommandLine  # the command line, checked (main does not check it again)
-    server: EmbeddedPrefectServer | None  # Prefect's server, starting in its own process
-    chosen: dict[str, str]  # the no-server defaults use_embedded_defaults filled in
-
-
-def _prestart(argv: list[str]) -> _Prestarted | None:
-    """With valid input, start Prefect's server and the warm workers' forkserver (each its
-    own process: the server imports Prefect's, the forkserver what a trial step needs) now,
-    while this module imports Prefect, MLflow and Dask: the three start-ups overlap. With
-    bad input start nothing (main says what is wrong, and nothing was created)."""
+def _prestart(argv: list[str]) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None]:
+    """With valid input, start Prefect's server now, in its own process, while this module
+    imports Prefect, MLflow and Dask; the checked command line goes to main, which does
+    not check it again. With bad input start nothing (main says what is wrong, and nothing
+    was created)."""
     from det_tasks.errors import DetTasksError
 
     if not argv or argv[0] in ("-h", "--help"):
-        return None
+        return None, None
     try:
         checked = _check_command_line(argv)
     except (DetTasksError, ValueError):
-        return None
+        return None, None
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
     if not memory.isdigit() or int(memory) <= 0:
-        return None
-    server = EmbeddedPrefectServer.start()
-    chosen = use_embedded_defaults()  # before the forkserver: the workers inherit the choice
-    if not os.environ.get("DET_TASKS_DASK_SCHEDULER"):  # engine.SCHEDULER_ENV (not imported yet)
-        # Not the cluster itself: its thread would import modules while this one does, and
-        # concurrent imports of packages with import cycles fail at random.
-        warm_forkserver.start()
-    return _Prestarted(checked, server, chosen)
+        return None, None
+    return checked, EmbeddedPrefectServer.start()
 
 
-_PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else None
+_CHECKED, _PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else (None, None)
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -110,7 +94,7 @@ from det_tasks.runner.local import check_entrypoint, load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.console import quiet_prefect_shutdown
-from flows.embedded import start_shielded_prefect_server
+from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.engine import (
     SCHEDULER_ENV,
     Placement,
@@ -345,10 +329,14 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
-def main(argv: list[str] | None = None, prestarted: _Prestarted | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    prestarted: EmbeddedPrefectServer | None = None,
+    checked: _CommandLine | None = None,
+) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
-    needed (see flows.embedded); prints the summary as JSON. ``prestarted``: what _prestart
-    started for it (the command line it checked, Prefect's server, the Dask cluster)."""
+    needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
+    server _prestart started for it; ``checked``: the command line it already checked."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
@@ -357,13 +345,13 @@ def main(argv: list[str] | None = None, prestarted: _Prestarted | None = None) -
         )
         return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
-        checked = prestarted.checked if prestarted else _check_command_line(args)
+        checked = checked or _check_command_line(args)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
     except (DetTasksError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     cfg = checked.cfg
-    chosen = prestarted.chosen if prestarted else use_embedded_defaults()
+    chosen = use_embedded_defaults()
     if chosen:
         print(
             f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "
@@ -382,8 +370,8 @@ def main(argv: list[str] | None = None, prestarted: _Prestarted | None = None) -
         temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
     ):
         try:
-            if prestarted is not None and prestarted.server is not None:
-                prestarted.server.wait_ready()
+            if prestarted is not None:
+                prestarted.wait_ready()
             start_shielded_prefect_server()  # no-op once prestarted (PREFECT_API_URL is set)
             state: Any = experiment(
                 checked.config,
@@ -414,4 +402,4 @@ def main(argv: list[str] | None = None, prestarted: _Prestarted | None = None) -
 
 
 if __name__ == "__main__":
-    sys.exit(main(prestarted=_PRESTARTED))
+    sys.exit(main(prestarted=_PRESTARTED, checked=_CHECKED))

@@ -1,5 +1,4 @@
-"""The forkserver the warm Dask workers fork from: what it imports before it forks them,
-and starting it before the process that needs it has finished its own imports.
+"""The forkserver the warm Dask workers fork from: what it imports before it forks them.
 
 Why: a worker forked from a server that has imported torch, the harness and the MLflow/S3
 clients starts in well under a second instead of importing them itself (a restart after a
@@ -8,12 +7,10 @@ first step needs and freezes that heap so the workers keep sharing it."""
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.forkserver
 import sys
 from typing import Any
 
-__all__ = ["configure", "preload_modules", "start"]
+__all__ = ["configure", "preload_modules"]
 
 
 def preload_modules() -> list[str]:
@@ -26,13 +23,6 @@ def configure(context: Any) -> None:
     """Give ``context`` (a multiprocessing context) our preload list; it takes effect when
     the forkserver starts."""
     context.set_forkserver_preload(preload_modules())
-
-
-def start() -> None:
-    """Start the forkserver now, as its own process (it imports in parallel with this one);
-    returns at once. It stops when this process ends."""
-    configure(multiprocessing.get_context("forkserver"))
-    multiprocessing.forkserver.ensure_running()
 
 
 def _main_module_by_name() -> list[str]:

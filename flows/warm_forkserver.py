@@ -14,9 +14,12 @@ __all__ = ["configure", "preload_modules"]
 
 
 def preload_modules() -> list[str]:
-    """What the forkserver imports, in order."""
-    first = ["__main__", *_main_module_by_name(), "distributed", "flows.workers"]
-    return [*first, "flows.forkserver_heap"]
+    """What the forkserver imports, in order. Dask before the main module: Dask gives its
+    loggers their own handler only where the root logger has none yet, and importing
+    Prefect (which the main module does) gives the root one; the workers then printed
+    Dask's INFO lines in Prefect's format after the flow's last line."""
+    first = ["__main__", "distributed", *_main_module_by_name()]
+    return [*first, "flows.workers", "flows.forkserver_heap"]
 
 
 def configure(context: Any) -> None:

@@ -36,6 +36,17 @@ def test_the_forkserver_imports_the_main_module_children_would_re_run(
     assert warm_forkserver._main_module_by_name() == preloaded
 
 
+def test_dask_is_imported_before_the_main_module_so_its_loggers_keep_their_own_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="flows.experiment")  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    order = warm_forkserver.preload_modules()
+    assert order.index("distributed") < order.index("flows.experiment")
+    assert order[-1] == "flows.forkserver_heap"  # last: it freezes everything imported before
+
+
 def _imported_after(uri: str) -> dict[str, bool]:
     code = (
         "import json, sys; from registry.tracking import import_tracking_store; "

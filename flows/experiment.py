@@ -109,7 +109,7 @@ from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
 from registry.packages import fetch_package
 from registry.run_states import end_orphans, end_running_runs, record_failure
-from registry.s3 import lazy_client as s3_client
+from registry.s3 import LazyClient
 from registry.searcher_state import load_searcher_state
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
@@ -246,7 +246,7 @@ def _run_experiment(
     table.publish()
     if stop.mode is not None:
         return _stopped(stop, runs, config_path, run_key)
-    finish_experiment(runs, s3_client(settings.s3_endpoint))
+    finish_experiment(runs, LazyClient(settings.s3_endpoint))
     result = {
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,

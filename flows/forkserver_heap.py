@@ -11,18 +11,18 @@ a 6-trial experiment used ~36 MB less each with the freeze.
 from __future__ import annotations
 
 import gc
-import os
 
 import torch._dynamo  # noqa: F401  (a trial's first optimizer imports it: ~1.2 s a worker)
 
 import registry.services  # noqa: F401  (opened by every trial step, after fork)
+from registry.settings import RegistrySettings
 from registry.tracking import import_tracking_store
 
 __all__: list[str] = []
 
 # The MLflow store module for this experiment's tracking URI (the SQLAlchemy store for a
 # database: ~0.7 s a worker), imported, not opened: a connection must not cross fork.
-import_tracking_store(os.environ.get("MLFLOW_TRACKING_URI", ""))
+import_tracking_store(RegistrySettings.from_env().tracking_uri or "")
 
 gc.collect()
 gc.freeze()

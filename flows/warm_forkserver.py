@@ -18,8 +18,13 @@ def preload_modules() -> list[str]:
     loggers their own handler only where the root logger has none yet, and importing
     Prefect (which the main module does) gives the root one; the workers then printed
     Dask's INFO lines in Prefect's format after the flow's last line."""
-    first = ["__main__", "distributed", *_main_module_by_name()]
-    return [*first, "flows.workers", "flows.forkserver_heap"]
+    return [
+        "__main__",
+        "distributed",
+        *_main_module_by_name(),
+        "flows.workers",
+        "flows.forkserver_heap",
+    ]
 
 
 def configure(context: Any) -> None:

@@ -33,7 +33,6 @@ __all__ = [
     "delete_prefix",
     "download_prefix",
     "explain",
-    "lazy_client",
     "object_exists",
     "parse_location",
     "parse_s3_uri",
@@ -173,8 +172,9 @@ def client(endpoint_url: str | None = None) -> Any:
 
 
 class LazyClient:
-    """An S3 client built at its first use: an experiment whose checkpoints are all local
-    files (the no-server mode) never pays boto3's set-up (~0.5 s of its end)."""
+    """``client(endpoint_url)``, built at its first use: an experiment whose checkpoints
+    are all local files (the no-server mode) never pays boto3's set-up (~0.5 s of its
+    end)."""
 
     def __init__(self, endpoint_url: str | None = None) -> None:
         self._endpoint_url = endpoint_url
@@ -186,11 +186,6 @@ class LazyClient:
         if self._client is None:
             self._client = client(self._endpoint_url)
         return getattr(self._client, name)
-
-
-def lazy_client(endpoint_url: str | None = None) -> Any:
-    """``client(endpoint_url)``, built when first used (see LazyClient)."""
-    return LazyClient(endpoint_url)
 
 
 def explain(err: Exception, where: str) -> CheckpointError:

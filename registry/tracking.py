@@ -14,6 +14,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.exceptions import MlflowException
+from mlflow.store.db.db_types import DATABASE_ENGINES
 from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
@@ -76,10 +77,9 @@ def import_tracking_store(tracking_uri: str) -> None:
     """Import the module of the store MLflow will open for ``tracking_uri`` without opening
     it, so processes forked after this (the warm workers) do not each import it: the
     SQLAlchemy store and its SQLAlchemy models cost ~0.7 s of a worker's first step."""
-    if tracking_uri and not tracking_uri.startswith(("http://", "https://", "databricks")):
-        scheme = tracking_uri.split(":", 1)[0]
-        if scheme.split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
-            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    dialect = tracking_uri.partition(":")[0].partition("+")[0]  # postgresql+psycopg2 too
+    if dialect in DATABASE_ENGINES:  # the URIs MLflow opens with its SQLAlchemy store
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
 def _create_schema(tracking_uri: str) -> None:

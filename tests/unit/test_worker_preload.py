@@ -82,7 +82,7 @@ def test_the_lazy_s3_client_is_built_at_its_first_use_and_once(
         return types.SimpleNamespace(list_objects_v2=lambda **kw: {"asked": kw})
 
     monkeypatch.setattr(s3, "client", fake_client)
-    lazy = s3.lazy_client("http://127.0.0.1:8333")
+    lazy = s3.LazyClient("http://127.0.0.1:8333")
     assert built == []  # an experiment with only local checkpoints never builds one
     assert lazy.list_objects_v2(Bucket="b") == {"asked": {"Bucket": "b"}}
     assert lazy.list_objects_v2(Bucket="c") == {"asked": {"Bucket": "c"}}

@@ -14,11 +14,20 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Service", "ServiceError", "http_ok", "is_running", "kept_secrets", "start", "stop"]
+__all__ = [
+    "Service",
+    "ServiceError",
+    "http_ok",
+    "is_running",
+    "kept_secrets",
+    "start",
+    "start_all",
+    "stop",
+]
 
 
 class ServiceError(RuntimeError):
@@ -94,8 +103,25 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def start(service: Service) -> bool:
     """Start unless already running and healthy; returns True if it started it now."""
+    return start_all([service])[0]
+
+
+def start_all(services: Sequence[Service]) -> list[bool]:
+    """Start ``services`` side by side (none waits for another's health check) unless
+    already running and healthy; for each, True if it started it now. Only for services
+    that do not need each other to come up. On a failure the ones started here are left
+    running, as ``start`` leaves earlier services: the caller's stop cleans up."""
+    launched = [_launch(service) for service in services]
+    for service, proc in zip(services, launched, strict=True):
+        if proc is not None:
+            _await_healthy(service, proc)
+    return [proc is not None for proc in launched]
+
+
+def _launch(service: Service) -> tuple[subprocess.Popen[bytes], float] | None:
+    """The process and its health deadline, or None when it already runs and is healthy."""
     if is_running(service) and service.healthy():
-        return False
+        return None
     if is_running(service):
         stop(service)
     service.pidfile.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +137,11 @@ def start(service: Service) -> bool:
             start_new_session=True,
         )
     service.pidfile.write_text(str(proc.pid))
-    deadline = time.monotonic() + service.start_timeout_s
+    return proc, time.monotonic() + service.start_timeout_s
+
+
+def _await_healthy(service: Service, launched: tuple[subprocess.Popen[bytes], float]) -> None:
+    proc, deadline = launched
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             service.pidfile.unlink(missing_ok=True)
@@ -120,7 +150,7 @@ def start(service: Service) -> bool:
                 f"log {service.logfile}:\n{_tail(service.logfile)}"
             )
         if service.healthy():
-            return True
+            return
         time.sleep(0.3)
     stop(service)
     raise ServiceError(
@@ -131,26 +161,48 @@ def start(service: Service) -> bool:
 
 def stop(service: Service) -> bool:
     """Stop the service's whole process group (TERM, then KILL); True if one was running."""
-    pid = _read_pid(service)
-    if pid is None:
-        return False
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        service.pidfile.unlink(missing_ok=True)
-        return False
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + service.stop_timeout_s
-    while time.monotonic() < deadline and _group_alive(pgid, pid):
-        time.sleep(0.2)
-    if _group_alive(pgid, pid):
-        _signal_group(pgid, signal.SIGKILL)
-        for _ in range(50):
+    return stop_all([service])[0]
+
+
+def stop_all(services: Sequence[Service]) -> list[bool]:
+    """Stop ``services`` side by side: TERM every group at once, then KILL each group still
+    alive past its own ``stop_timeout_s``; for each, True if one was running."""
+    groups: list[tuple[Service, int, int, float]] = []
+    was_running = []
+    for service in services:
+        pid = _read_pid(service)
+        try:
+            pgid = os.getpgid(pid) if pid is not None else None
+        except ProcessLookupError:
+            pgid = None
+        was_running.append(pgid is not None)
+        if pid is None or pgid is None:
+            service.pidfile.unlink(missing_ok=True)
+            continue
+        _signal_group(pgid, signal.SIGTERM)
+        groups.append((service, pgid, pid, time.monotonic() + service.stop_timeout_s))
+    while groups:
+        alive = []
+        for service, pgid, pid, deadline in groups:
             if not _group_alive(pgid, pid):
-                break
-            time.sleep(0.1)
-    service.pidfile.unlink(missing_ok=True)
-    return True
+                service.pidfile.unlink(missing_ok=True)
+            elif time.monotonic() >= deadline:
+                _kill_group(pgid, pid)
+                service.pidfile.unlink(missing_ok=True)
+            else:
+                alive.append((service, pgid, pid, deadline))
+        groups = alive
+        if groups:
+            time.sleep(0.2)
+    return was_running
+
+
+def _kill_group(pgid: int, leader: int) -> None:
+    _signal_group(pgid, signal.SIGKILL)
+    for _ in range(50):
+        if not _group_alive(pgid, leader):
+            return
+        time.sleep(0.1)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

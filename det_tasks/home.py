@@ -7,10 +7,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["HOME_ENV", "det_tasks_home"]
+__all__ = ["HOME_ENV", "det_tasks_home", "warm_services_file"]
 
 HOME_ENV = "DET_TASKS_HOME"
 
 
 def det_tasks_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or Path.home() / ".det_tasks").expanduser()
+
+
+def warm_services_file() -> Path:
+    """Where ``python -m infra.warm_home start`` records the warm Prefect server and Dask
+    cluster it keeps for this home, and where an embedded run looks for them."""
+    return det_tasks_home() / "warm" / "services.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -24,11 +25,12 @@ import urllib.request
 from pathlib import Path
 
 from det_tasks.first_use import create_once
-from det_tasks.home import det_tasks_home
+from det_tasks.home import det_tasks_home, warm_services_file
 
 __all__ = [
     "PRESTART_ENV",
     "EmbeddedPrefectServer",
+    "attach_warm_services",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
 ]
@@ -50,6 +52,52 @@ def use_embedded_defaults() -> dict[str, str]:
     for name, value in chosen.items():
         os.environ[name] = value
     return chosen
+
+
+# What a run takes from the warm services' record (infra.warm_home): where its flow and
+# trials run, and where their workers record, which must be where this run records.
+_WARM_ADDRESSES = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
+_WARM_RECORDING = ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
+
+
+def attach_warm_services() -> dict[str, str] | None:
+    """Point this run at the home's warm Prefect server and Dask cluster
+    (``python -m infra.warm_home start``) when they answer and the run would record where
+    their workers do; returns what it set, or None (the run starts its own, as without).
+
+    Never where the user chose otherwise: a Prefect server or Dask scheduler of their own
+    (environment, profile or project settings), or an MLflow store or artifact root other
+    than the home's (the warm workers would record the run elsewhere). Must run before this
+    process imports Prefect, which reads its settings once."""
+    if _prefect_configured_elsewhere() or os.environ.get("DET_TASKS_DASK_SCHEDULER"):
+        return None
+    try:
+        recorded = json.loads(warm_services_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or not all(
+        isinstance(recorded.get(name), str) for name in _WARM_ADDRESSES + _WARM_RECORDING
+    ):
+        return None
+    if any(os.environ.get(name, recorded[name]) != recorded[name] for name in _WARM_RECORDING):
+        return None
+    if not _healthy(recorded["PREFECT_API_URL"]) or not _accepts(
+        recorded["DET_TASKS_DASK_SCHEDULER"]
+    ):
+        return None
+    chosen = {name: recorded[name] for name in _WARM_ADDRESSES + _WARM_RECORDING}
+    os.environ.update(chosen)
+    return chosen
+
+
+def _accepts(address: str) -> bool:
+    """Whether something listens at ``tcp://host:port``."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def start_shielded_prefect_server() -> None:

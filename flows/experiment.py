@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flows.embedded import EmbeddedPrefectServer
+from flows.embedded import EmbeddedPrefectServer, attach_warm_services
 
 
 def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
@@ -58,26 +58,33 @@ def _check_command_line(args: list[str]) -> _CommandLine:
     return _CommandLine(args[0], args[1:], key, cfg)
 
 
-def _prestart(argv: list[str]) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None]:
-    """With valid input, start Prefect's server now, in its own process, while this module
-    imports Prefect, MLflow and Dask; the checked command line goes to main, which does
-    not check it again. With bad input start nothing (main says what is wrong, and nothing
-    was created)."""
+def _prestart(
+    argv: list[str],
+) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None, dict[str, str] | None]:
+    """With valid input, use the home's warm services (infra.warm_home) where they answer,
+    else start Prefect's server now, in its own process, while this module imports Prefect,
+    MLflow and Dask; the checked command line goes to main, which does not check it again.
+    With bad input start nothing (main says what is wrong, and nothing was created)."""
     from det_tasks.errors import DetTasksError
 
     if not argv or argv[0] in ("-h", "--help"):
-        return None, None
+        return None, None, None
     try:
         checked = _check_command_line(argv)
     except (DetTasksError, ValueError):
-        return None, None
+        return None, None, None
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
     if not memory.isdigit() or int(memory) <= 0:
-        return None, None
-    return checked, EmbeddedPrefectServer.start()
+        return None, None, None
+    warm = attach_warm_services()
+    if warm is not None:
+        return checked, None, warm
+    return checked, EmbeddedPrefectServer.start(), None
 
 
-_CHECKED, _PRESTARTED = _prestart(sys.argv[1:]) if __name__ == "__main__" else (None, None)
+_CHECKED, _PRESTARTED, _WARM = (
+    _prestart(sys.argv[1:]) if __name__ == "__main__" else (None, None, None)
+)
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -90,6 +97,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
+from det_tasks.home import det_tasks_home
 from det_tasks.runner.local import check_entrypoint, load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import TrialChains, final_segment
@@ -333,10 +341,12 @@ def main(
     argv: list[str] | None = None,
     prestarted: EmbeddedPrefectServer | None = None,
     checked: _CommandLine | None = None,
+    warm: dict[str, str] | None = None,
 ) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
     needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
-    server _prestart started for it; ``checked``: the command line it already checked."""
+    server _prestart started for it; ``checked``: the command line it already checked;
+    ``warm``: the home's warm services _prestart pointed it at."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
@@ -356,6 +366,13 @@ def main(
         print(
             f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "
             f"(browse: mlflow ui --backend-store-uri {chosen['MLFLOW_TRACKING_URI']})",
+            file=sys.stderr,
+        )
+    if warm is not None:
+        print(
+            f"on the warm services of {det_tasks_home()} (Prefect "
+            f"{warm['PREFECT_API_URL'][:-4]}, Dask {warm['DET_TASKS_DASK_SCHEDULER']}); runs go "
+            f"to {warm['MLFLOW_TRACKING_URI']}; stop them: python -m infra.warm_home stop",
             file=sys.stderr,
         )
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
@@ -402,4 +419,4 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main(prestarted=_PRESTARTED, checked=_CHECKED))
+    sys.exit(main(prestarted=_PRESTARTED, checked=_CHECKED, warm=_WARM))

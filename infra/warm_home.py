@@ -1,0 +1,154 @@
+"""Warm services for the no-server mode, kept running between experiments as ``ray start``
+keeps a Ray cluster: a Prefect server (with its UI) and a Dask scheduler with warm workers,
+for this installation's home (``det_tasks.home``).
+
+Why: an embedded ``python -m flows.experiment`` starts Prefect's server and a Dask cluster
+and imports torch, Prefect and MLflow in each of them, every run: about two thirds of a small
+experiment's wall time on a 2-core machine. Started once here, later runs find them through
+the home's ``warm/services.json`` (``flows.embedded.attach_warm_services``) and pay only
+their own process's start. Runs still record to the home's MLflow store and artifacts, as
+without warm services; the workers are given the same settings.
+
+``python -m infra.warm_home start|stop|status``; ``DET_TASKS_DASK_WORKERS`` (default 2)
+workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from det_tasks.home import det_tasks_home, warm_services_file
+from infra import dask_cluster
+from infra.services import Service, ServiceError, is_running, start_all, stop_all
+from infra.stack import StackConfig, prefect_server_service
+
+__all__ = ["services", "start", "status", "stop"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _root() -> Path:
+    return warm_services_file().parent
+
+
+def _recorded() -> dict[str, object]:
+    try:
+        return dict(json.loads(warm_services_file().read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _run_settings(home: Path) -> dict[str, str]:
+    """What an embedded run records to (flows.embedded.use_embedded_defaults): the workers
+    must write the same MLflow store and artifact folder as the runs that use them."""
+    home = home.resolve()
+    return {
+        "DET_TASKS_HOME": str(home),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+        "DET_TASKS_ARTIFACT_ROOT": str(home / "artifacts"),
+    }
+
+
+def services(prefect_port: int, dask_port: int) -> list[Service]:
+    """The Prefect server, the Dask scheduler and its workers, rooted in the home's
+    ``warm`` folder (logs, pid files, the Prefect database)."""
+    root = _root()
+    config = StackConfig(root=root, prefect_port=prefect_port, dask_port=dask_port)
+    address = dask_cluster.scheduler_address(dask_port)
+    env = _run_settings(det_tasks_home())
+    workers = dask_cluster.worker_services(root, address, env)
+    return [
+        prefect_server_service(config),
+        dask_cluster.scheduler_service(root, dask_port),
+        *workers,
+    ]
+
+
+def _current() -> list[Service]:
+    recorded = _recorded()
+    if not recorded:
+        return []
+    return services(int(str(recorded["prefect_port"])), int(str(recorded["dask_port"])))
+
+
+def start() -> dict[str, str]:
+    """Start the warm services (or keep those running) and record where they answer;
+    returns what ``services.json`` holds."""
+    recorded = _recorded()
+    running = [s for s in _current() if is_running(s)]
+    if recorded and running:
+        prefect_port, dask_port = (
+            int(str(recorded["prefect_port"])),
+            int(str(recorded["dask_port"])),
+        )
+    else:
+        prefect_port, dask_port = _free_port(), _free_port()
+    wanted = services(prefect_port, dask_port)
+    stop_all([s for s in running if s.name not in {w.name for w in wanted}])
+    start_all(wanted)
+    description = {
+        "prefect_port": str(prefect_port),
+        "dask_port": str(dask_port),
+        "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+        "DET_TASKS_DASK_SCHEDULER": dask_cluster.scheduler_address(dask_port),
+        **_run_settings(det_tasks_home()),
+    }
+    path = warm_services_file()
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(description, indent=2))
+    partial.replace(path)  # a run never reads half a file
+    return description
+
+
+def stop() -> None:
+    """Stop the warm services; later runs start their own again."""
+    current = _current()
+    warm_services_file().unlink(missing_ok=True)  # first: no new run attaches meanwhile
+    stop_all(current)
+
+
+def status() -> list[tuple[Service, str]]:
+    return [(s, "up" if is_running(s) and s.healthy() else "down") for s in _current()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.warm_home", description=__doc__)
+    parser.add_argument("command", choices=["start", "stop", "status"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "start":
+            described = start()
+            print(
+                f"warm services for {det_tasks_home()}: "
+                f"Prefect UI {described['PREFECT_API_URL'][:-4]}, "
+                f"Dask {described['DET_TASKS_DASK_SCHEDULER']} "
+                f"({os.environ.get('DET_TASKS_DASK_WORKERS', '2')} workers); "
+                "`python -m flows.experiment` now runs on them; "
+                "stop: python -m infra.warm_home stop"
+            )
+            return 0
+        if args.command == "stop":
+            stop()
+            return 0
+        states = status()
+        if not states:
+            print(f"no warm services for {det_tasks_home()}")
+        for service, state in states:
+            print(f"{service.name:16s} {state:5s} log: {service.logfile}")
+        return 0
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""A run attaches to the home's warm services (infra.warm_home) only when they answer and
+it would record where their workers record; otherwise it starts its own, as without them."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from det_tasks.home import warm_services_file
+from flows.embedded import attach_warm_services
+
+SET_BY_ATTACH = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/api/health" else 404)
+        self.end_headers()
+        self.wfile.write(b"true")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home with no user settings that could choose a server or a store."""
+    for name in list(os.environ):
+        if name.startswith(("PREFECT_", "MLFLOW_", "DET_TASKS_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("DET_TASKS_HOME", str(tmp_path / "det"))
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "det"
+
+
+@pytest.fixture
+def answering() -> Iterator[tuple[int, int]]:
+    """A Prefect health endpoint and a listening "scheduler" port, both on loopback."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with socket.socket() as scheduler:
+        scheduler.bind(("127.0.0.1", 0))
+        scheduler.listen()
+        yield server.server_address[1], scheduler.getsockname()[1]
+    server.shutdown()
+
+
+def _record(home: Path, prefect_port: int, dask_port: int) -> dict[str, str]:
+    recorded = {
+        "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+        "DET_TASKS_DASK_SCHEDULER": f"tcp://127.0.0.1:{dask_port}",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+        "DET_TASKS_ARTIFACT_ROOT": str(home / "artifacts"),
+    }
+    warm_services_file().parent.mkdir(parents=True)
+    warm_services_file().write_text(json.dumps(recorded))
+    return recorded
+
+
+def test_answering_services_are_used_with_the_homes_store(
+    home: Path, answering: tuple[int, int]
+) -> None:
+    recorded = _record(home, *answering)
+    assert attach_warm_services() == recorded
+    assert {name: os.environ[name] for name in recorded} == recorded
+
+
+def test_no_record_or_a_stale_one_starts_its_own(home: Path) -> None:
+    assert attach_warm_services() is None
+    with socket.socket() as probe:  # ports nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    _record(home, closed, closed)
+    assert attach_warm_services() is None
+    assert not any(name in os.environ for name in SET_BY_ATTACH)
+
+
+def test_a_store_of_the_users_own_is_not_given_to_warm_workers(
+    home: Path, answering: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm workers record to the home's store: a run told to record elsewhere must not
+    run its trials there."""
+    _record(home, *answering)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert attach_warm_services() is None
+    assert not any(name in os.environ for name in SET_BY_ATTACH)
+
+
+@pytest.mark.parametrize("chosen", ["PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER"])
+def test_a_server_of_the_users_own_wins(
+    home: Path, answering: tuple[int, int], monkeypatch: pytest.MonkeyPatch, chosen: str
+) -> None:
+    _record(home, *answering)
+    monkeypatch.setenv(chosen, "http://elsewhere:1")
+    assert attach_warm_services() is None
+    assert os.environ[chosen] == "http://elsewhere:1"

@@ -60,15 +60,16 @@ _WARM_ADDRESSES = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
 _WARM_RECORDING = ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
 
 
-def attach_warm_services() -> dict[str, str] | None:
+def attach_warm_services(slots_per_trial: int = 1) -> dict[str, str] | None:
     """Point this run at the home's warm Prefect server and Dask cluster
     (``python -m infra.warm_home start``) when they answer and the run would record where
     their workers do; returns what it set, or None (the run starts its own, as without).
 
     Never where the user chose otherwise: a Prefect server or Dask scheduler of their own
     (environment, profile or project settings), or an MLflow store or artifact root other
-    than the home's (the warm workers would record the run elsewhere). Must run before this
-    process imports Prefect, which reads its settings once."""
+    than the home's (the warm workers would record the run elsewhere); nor where a trial
+    needs more GPUs than one warm worker owns. Must run before this process imports
+    Prefect, which reads its settings once."""
     if _prefect_configured_elsewhere() or os.environ.get("DET_TASKS_DASK_SCHEDULER"):
         return None
     try:
@@ -80,6 +81,9 @@ def attach_warm_services() -> dict[str, str] | None:
     ):
         return None
     if any(os.environ.get(name, recorded[name]) != recorded[name] for name in _WARM_RECORDING):
+        return None
+    gpus_per_worker = str(recorded.get("gpus_per_worker", "0"))
+    if gpus_per_worker.isdigit() and 0 < int(gpus_per_worker) < slots_per_trial:
         return None
     if not _healthy(recorded["PREFECT_API_URL"]) or not _accepts(
         recorded["DET_TASKS_DASK_SCHEDULER"]

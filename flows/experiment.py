@@ -76,7 +76,7 @@ def _prestart(
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
     if not memory.isdigit() or int(memory) <= 0:
         return None, None, None
-    warm = attach_warm_services()
+    warm = attach_warm_services(checked.cfg.resources.slots_per_trial)
     if warm is not None:
         return checked, None, warm
     return checked, EmbeddedPrefectServer.start(), None

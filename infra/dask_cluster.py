@@ -64,11 +64,14 @@ def worker_service(
     name: str,
     workdir: Path | None = None,
     env: dict[str, str] | None = None,
+    gpus: list[int] | None = None,
 ) -> Service:
     """One worker process (one trial at a time) joined to ``scheduler``, running in
-    ``workdir`` (its own folder, as on another host) with ``env`` added."""
+    ``workdir`` (its own folder, as on another host) with ``env`` added; with ``gpus`` it
+    sees only those GPUs and advertises them as the Dask resource ``GPU`` (flows.devices)."""
     folder = workdir or root / name
     folder.mkdir(parents=True, exist_ok=True)
+    own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
     argv = [
         sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
         "--name", name, "--nthreads", "1", "--nworkers", "1",
@@ -76,6 +79,7 @@ def worker_service(
         "--memory-limit", "0",
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
         "--preload", "flows.workers",
+        *(["--resources", f"GPU={len(gpus)}"] if gpus else []),
     ]  # fmt: skip
     return Service(
         name,
@@ -87,6 +91,7 @@ def worker_service(
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
             **(env or {}),
+            **own_gpus,
         },
         start_timeout_s=120,
         stop_timeout_s=20,

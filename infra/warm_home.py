@@ -10,14 +10,15 @@ their own process's start. Runs still record to the home's MLflow store and arti
 without warm services; the workers are given the same settings.
 
 ``python -m infra.warm_home start|stop|status``; ``DET_TASKS_DASK_WORKERS`` (default 2)
-workers.
+workers, or on a host with GPUs one worker per GPU that owns it (Dask resource ``GPU=1``,
+as the embedded cluster gives 1-slot trials); a run whose trials need more GPUs than one
+warm worker owns starts its own cluster instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 from pathlib import Path
@@ -58,14 +59,26 @@ def _run_settings(home: Path) -> dict[str, str]:
     }
 
 
-def services(prefect_port: int, dask_port: int) -> list[Service]:
-    """The Prefect server, the Dask scheduler and its workers, rooted in the home's
-    ``warm`` folder (logs, pid files, the Prefect database)."""
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def services(prefect_port: int, dask_port: int, gpus: int = 0) -> list[Service]:
+    """The Prefect server, the Dask scheduler and its workers (one per GPU of ``gpus``),
+    rooted in the home's ``warm`` folder (logs, pid files, the Prefect database)."""
     root = _root()
     config = StackConfig(root=root, prefect_port=prefect_port, dask_port=dask_port)
     address = dask_cluster.scheduler_address(dask_port)
     env = _run_settings(det_tasks_home())
-    workers = dask_cluster.worker_services(root, address, env)
+    if gpus:
+        workers = [
+            dask_cluster.worker_service(root, address, f"dask-worker-gpu{i}", env=env, gpus=[i])
+            for i in range(gpus)
+        ]
+    else:
+        workers = dask_cluster.worker_services(root, address, env)
     return [
         prefect_server_service(config),
         dask_cluster.scheduler_service(root, dask_port),
@@ -77,7 +90,11 @@ def _current() -> list[Service]:
     recorded = _recorded()
     if not recorded:
         return []
-    return services(int(str(recorded["prefect_port"])), int(str(recorded["dask_port"])))
+    return services(
+        int(str(recorded["prefect_port"])),
+        int(str(recorded["dask_port"])),
+        int(str(recorded.get("gpus", "0"))),
+    )
 
 
 def start() -> dict[str, str]:
@@ -92,12 +109,17 @@ def start() -> dict[str, str]:
         )
     else:
         prefect_port, dask_port = _free_port(), _free_port()
-    wanted = services(prefect_port, dask_port)
+    gpus = _gpu_count()
+    wanted = services(prefect_port, dask_port, gpus)
     stop_all([s for s in running if s.name not in {w.name for w in wanted}])
     start_all(wanted)
     description = {
         "prefect_port": str(prefect_port),
         "dask_port": str(dask_port),
+        "workers": str(len(wanted) - 2),  # less the Prefect server and the scheduler
+        "gpus": str(gpus),
+        # What one warm worker owns: a run whose trials need more starts its own cluster.
+        "gpus_per_worker": "1" if gpus else "0",
         "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "DET_TASKS_DASK_SCHEDULER": dask_cluster.scheduler_address(dask_port),
         **_run_settings(det_tasks_home()),
@@ -131,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"warm services for {det_tasks_home()}: "
                 f"Prefect UI {described['PREFECT_API_URL'][:-4]}, "
                 f"Dask {described['DET_TASKS_DASK_SCHEDULER']} "
-                f"({os.environ.get('DET_TASKS_DASK_WORKERS', '2')} workers); "
+                f"({described['workers']} workers"
+                f"{', one per GPU' if described['gpus'] != '0' else ''}); "
                 "`python -m flows.experiment` now runs on them; "
                 "stop: python -m infra.warm_home stop"
             )

@@ -54,7 +54,7 @@ def answering() -> Iterator[tuple[int, int]]:
     server.shutdown()
 
 
-def _record(home: Path, prefect_port: int, dask_port: int) -> dict[str, str]:
+def _record(home: Path, prefect_port: int, dask_port: int, **more: str) -> dict[str, str]:
     recorded = {
         "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "DET_TASKS_DASK_SCHEDULER": f"tcp://127.0.0.1:{dask_port}",
@@ -62,7 +62,7 @@ def _record(home: Path, prefect_port: int, dask_port: int) -> dict[str, str]:
         "DET_TASKS_ARTIFACT_ROOT": str(home / "artifacts"),
     }
     warm_services_file().parent.mkdir(parents=True)
-    warm_services_file().write_text(json.dumps(recorded))
+    warm_services_file().write_text(json.dumps({**recorded, **more}))
     return recorded
 
 
@@ -103,3 +103,24 @@ def test_a_server_of_the_users_own_wins(
     monkeypatch.setenv(chosen, "http://elsewhere:1")
     assert attach_warm_services() is None
     assert os.environ[chosen] == "http://elsewhere:1"
+
+
+def test_a_trial_needing_more_gpus_than_a_warm_worker_owns_starts_its_own(
+    home: Path, answering: tuple[int, int]
+) -> None:
+    """On a GPU host each warm worker owns one GPU: a 2-slot trial would find no worker."""
+    recorded = _record(home, *answering, gpus="4", gpus_per_worker="1")
+    assert attach_warm_services(slots_per_trial=2) is None
+    assert attach_warm_services(slots_per_trial=1) == recorded
+
+
+def test_a_gpu_worker_sees_and_advertises_only_its_own_gpu(tmp_path: Path) -> None:
+    """What infra.warm_home starts on a GPU host (no GPU here: the command line is checked)."""
+    from infra.dask_cluster import worker_service
+
+    service = worker_service(tmp_path, "tcp://127.0.0.1:1", "dask-worker-gpu3", gpus=[3])
+    at = service.argv.index("--resources")
+    assert service.argv[at + 1] == "GPU=1"
+    assert service.env["CUDA_VISIBLE_DEVICES"] == "3"
+    cpu = worker_service(tmp_path, "tcp://127.0.0.1:1", "dask-worker-0")
+    assert "--resources" not in cpu.argv and "CUDA_VISIBLE_DEVICES" not in cpu.env

@@ -1,7 +1,8 @@
 """Warm services kept between runs (``python -m infra.warm_home start``, as ``ray start``):
 a later ``python -m flows.experiment`` runs its flow on the warm Prefect server and its
-trial on a warm Dask worker, records to the home's MLflow store as without them, and
-``stop`` leaves no process behind."""
+trial on a warm Dask worker, records to the home's MLflow store as without them, stops on
+Ctrl-C as it does without them (leaving the workers warm and idle), and ``stop`` leaves no
+process behind."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from tests.integration.helpers import env_without_platform
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
+KILLABLE = REPO / "tests" / "fixtures" / "flow_model" / "killable.yaml"  # 120 batches
+SLOW = ["hyperparameters.sleep_s=0.1"]  # 12 s of training: time to stop it midway
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -50,6 +55,52 @@ def _worker_addresses(scheduler: str) -> set[str]:
         return set(identity["workers"])
 
     return asyncio.run(ask())
+
+
+def _busy_workers(scheduler: str) -> dict[str, list[str]]:
+    """Each worker's tasks in flight, as the scheduler sees them."""
+    from distributed.core import rpc
+
+    async def ask() -> dict[str, list[str]]:
+        async with rpc(scheduler, timeout=5) as remote:
+            processing = await remote.processing()
+        return {worker: list(keys) for worker, keys in processing.items() if keys}
+
+    return asyncio.run(ask())
+
+
+def _ctrl_c_midway(tmp_path: Path) -> tuple[int, str, float]:
+    """A 12 s trial on the warm services, SIGINT to its terminal's process group midway:
+    the exit code, stderr, and seconds from the signal to the exit."""
+    pid_file = tmp_path / "pids"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.experiment",
+            str(KILLABLE),
+            *SLOW,
+            f"data.pid_file={pid_file}",
+        ],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    deadline = time.monotonic() + 300
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+    return proc.returncode, stderr, time.monotonic() - signalled
 
 
 def _pid_alive(pid: int) -> bool:
@@ -98,6 +149,18 @@ def test_later_runs_use_the_warm_services_and_stop_leaves_nothing(tmp_path: Path
         assert summary["best"]["metric"] == pytest.approx(
             trial.data.metrics["validation/validation_loss"]
         )
+
+        # Ctrl-C stops the run as without warm services: checkpointed, runs KILLED, within
+        # seconds; the trial leaves the warm worker, which stays up for the next run.
+        code, stderr, took = _ctrl_c_midway(tmp_path)
+        assert code == 130 and "--activate" in stderr, stderr[-3000:]
+        assert took <= 30, f"exit took {took:.1f} s"
+        killable = client.get_experiment_by_name("flow-killable")
+        assert killable is not None
+        stopped = client.search_runs([killable.experiment_id])
+        assert stopped and {r.info.status for r in stopped} == {"KILLED"}
+        assert _busy_workers(scheduler) == {}
+        assert _worker_addresses(scheduler) == warm_workers
     finally:
         pid_files = list((tmp_path / "det" / "warm" / "pids").glob("*.pid"))
         pids = [int(p.read_text()) for p in pid_files]

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,9 +50,13 @@ PHASES = ("imports", "server", "flow", "first step", "shutdown", "wall")
 
 
 def _clock(text: str, day: datetime) -> float:
-    """A log line's HH:MM:SS.mmm as seconds since the epoch, on the run's day."""
+    """A log line's HH:MM:SS.mmm as seconds since the epoch: on the run's start day, or
+    the next one for a run that crossed midnight."""
     t = datetime.strptime(text, "%H:%M:%S.%f").time()
-    return datetime.combine(day.date(), t).timestamp()
+    at = datetime.combine(day.date(), t)
+    if at < day - timedelta(hours=1):
+        at += timedelta(days=1)
+    return at.timestamp()
 
 
 def run_once(home: Path, prestart: bool = True) -> dict[str, float]:
@@ -142,10 +146,10 @@ def main() -> None:
             _warm_services(services_home, "stop")
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"median of {args.repeats}, seconds; 'off' = {PRESTART_ENV}=0 (Prefect starts it)")
-    print(f"{'phase':<12}" + "".join(f"{h + (' on' if p else ' off'):>11}" for h, p in columns))
+    print(f"{'phase':<12}" + "".join(f"{h + (' on' if p else ' off'):>13}" for h, p in columns))
     for phase in PHASES:
         cells = [statistics.median(r[phase] for r in results[c]) for c in columns]
-        print(f"{phase:<12}" + "".join(f"{c:>11.2f}" for c in cells))
+        print(f"{phase:<12}" + "".join(f"{c:>13.2f}" for c in cells))
     walls = {
         f"{h} {'on' if p else 'off'}": [round(r["wall"], 1) for r in results[h, p]]
         for h, p in columns

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["HOME_ENV", "det_tasks_home", "warm_services_file"]
+__all__ = ["HOME_ENV", "RECORDING_SETTINGS", "det_tasks_home", "warm_services_file"]
 
 HOME_ENV = "DET_TASKS_HOME"
 
@@ -20,3 +20,16 @@ def warm_services_file() -> Path:
     """Where ``python -m infra.warm_home start`` records the warm Prefect server and Dask
     cluster it keeps for this home, and where an embedded run looks for them."""
     return det_tasks_home() / "warm" / "services.json"
+
+
+# The environment variables that decide where and how a trial records (registry.settings):
+# a run may use warm workers only where they see the same values as the run.
+RECORDING_SETTINGS = (
+    "MLFLOW_TRACKING_URI",
+    "DET_TASKS_ARTIFACT_ROOT",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL",
+    "DET_TASKS_S3_BUCKET",
+    "DET_TASKS_MLFLOW_ARTIFACTS",
+    "DET_TASKS_SYSTEM_METRICS_INTERVAL",
+)

@@ -10,6 +10,7 @@ start-ups overlap; see its docstring."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib.util
 import json
 import os
@@ -25,11 +26,13 @@ import urllib.request
 from pathlib import Path
 
 from det_tasks.first_use import create_once
-from det_tasks.home import det_tasks_home, warm_services_file
+from det_tasks.home import RECORDING_SETTINGS, det_tasks_home, warm_services_file
 
 __all__ = [
     "PRESTART_ENV",
+    "WARM_SERVICES_ENV",
     "EmbeddedPrefectServer",
+    "WarmServices",
     "attach_warm_services",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
@@ -55,21 +58,38 @@ def use_embedded_defaults() -> dict[str, str]:
 
 
 # What a run takes from the warm services' record (infra.warm_home): where its flow and
-# trials run, and where their workers record, which must be where this run records.
+# trials run. The run's own recording settings must equal those its workers were given;
+# the two the embedded mode would choose itself may be left unset.
 _WARM_ADDRESSES = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
-_WARM_RECORDING = ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
+_EMBEDDED_CHOICES = ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
+WARM_SERVICES_ENV = "DET_TASKS_WARM_SERVICES"  # "0": never use them
+# Sizes the embedded cluster's workers; set, the user wants that cluster, not warm workers.
+_EMBEDDED_SIZING = "DET_TASKS_WORKER_MEMORY_MB"
 
 
-def attach_warm_services(slots_per_trial: int = 1) -> dict[str, str] | None:
+@dataclasses.dataclass(frozen=True)
+class WarmServices:
+    """The home's warm services a run was pointed at, for what it tells the user."""
+
+    prefect_api: str
+    scheduler: str
+    tracking_uri: str
+    workers: int
+
+
+def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
     """Point this run at the home's warm Prefect server and Dask cluster
     (``python -m infra.warm_home start``) when they answer and the run would record where
-    their workers do; returns what it set, or None (the run starts its own, as without).
+    their workers do; returns them, or None (the run starts its own, as without).
 
-    Never where the user chose otherwise: a Prefect server or Dask scheduler of their own
-    (environment, profile or project settings), or an MLflow store or artifact root other
-    than the home's (the warm workers would record the run elsewhere); nor where a trial
-    needs more GPUs than one warm worker owns. Must run before this process imports
-    Prefect, which reads its settings once."""
+    Never where the user chose otherwise: ``DET_TASKS_WARM_SERVICES=0``, a Prefect server or
+    Dask scheduler of their own (environment, profile or project settings), a recording
+    setting (``RECORDING_SETTINGS``: MLflow store, artifact root, S3) other than the warm
+    workers', or the embedded workers' size; nor where a trial needs more GPUs than one
+    warm worker owns. Must run before this process imports Prefect, which reads its
+    settings once."""
+    if os.environ.get(WARM_SERVICES_ENV) == "0" or os.environ.get(_EMBEDDED_SIZING):
+        return None
     if _prefect_configured_elsewhere() or os.environ.get("DET_TASKS_DASK_SCHEDULER"):
         return None
     try:
@@ -77,11 +97,13 @@ def attach_warm_services(slots_per_trial: int = 1) -> dict[str, str] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(recorded, dict) or not all(
-        isinstance(recorded.get(name), str) for name in _WARM_ADDRESSES + _WARM_RECORDING
+        isinstance(recorded.get(name), str) for name in _WARM_ADDRESSES + RECORDING_SETTINGS
     ):
         return None
-    if any(os.environ.get(name, recorded[name]) != recorded[name] for name in _WARM_RECORDING):
-        return None
+    for name in RECORDING_SETTINGS:
+        unset = recorded[name] if name in _EMBEDDED_CHOICES else ""
+        if os.environ.get(name, unset) != recorded[name]:
+            return None
     gpus_per_worker = str(recorded.get("gpus_per_worker", "0"))
     if gpus_per_worker.isdigit() and 0 < int(gpus_per_worker) < slots_per_trial:
         return None
@@ -89,9 +111,14 @@ def attach_warm_services(slots_per_trial: int = 1) -> dict[str, str] | None:
         recorded["DET_TASKS_DASK_SCHEDULER"]
     ):
         return None
-    chosen = {name: recorded[name] for name in _WARM_ADDRESSES + _WARM_RECORDING}
-    os.environ.update(chosen)
-    return chosen
+    os.environ.update({name: recorded[name] for name in _WARM_ADDRESSES + _EMBEDDED_CHOICES})
+    workers = str(recorded.get("workers", ""))
+    return WarmServices(
+        prefect_api=recorded["PREFECT_API_URL"],
+        scheduler=recorded["DET_TASKS_DASK_SCHEDULER"],
+        tracking_uri=recorded["MLFLOW_TRACKING_URI"],
+        workers=int(workers) if workers.isdigit() else 0,
+    )
 
 
 def _accepts(address: str) -> bool:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flows.embedded import EmbeddedPrefectServer, attach_warm_services
+from flows.embedded import EmbeddedPrefectServer, WarmServices, attach_warm_services
 
 
 def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
@@ -60,7 +60,7 @@ def _check_command_line(args: list[str]) -> _CommandLine:
 
 def _prestart(
     argv: list[str],
-) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None, dict[str, str] | None]:
+) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None, WarmServices | None]:
     """With valid input, use the home's warm services (infra.warm_home) where they answer,
     else start Prefect's server now, in its own process, while this module imports Prefect,
     MLflow and Dask; the checked command line goes to main, which does not check it again.
@@ -341,7 +341,7 @@ def main(
     argv: list[str] | None = None,
     prestarted: EmbeddedPrefectServer | None = None,
     checked: _CommandLine | None = None,
-    warm: dict[str, str] | None = None,
+    warm: WarmServices | None = None,
 ) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
     needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
@@ -370,9 +370,11 @@ def main(
         )
     if warm is not None:
         print(
-            f"on the warm services of {det_tasks_home()} (Prefect "
-            f"{warm['PREFECT_API_URL'][:-4]}, Dask {warm['DET_TASKS_DASK_SCHEDULER']}); runs go "
-            f"to {warm['MLFLOW_TRACKING_URI']}; stop them: python -m infra.warm_home stop",
+            f"on the warm services of {det_tasks_home()}: Prefect {warm.prefect_api[:-4]}, "
+            f"Dask {warm.scheduler} ({warm.workers} workers: at most {warm.workers} trials "
+            f"at once); runs go to {warm.tracking_uri} (browse: mlflow ui "
+            f"--backend-store-uri {warm.tracking_uri}); stop the services: "
+            "python -m infra.warm_home stop",
             file=sys.stderr,
         )
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")

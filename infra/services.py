@@ -27,6 +27,7 @@ __all__ = [
     "start",
     "start_all",
     "stop",
+    "stop_all",
 ]
 
 
@@ -81,17 +82,23 @@ def _read_pid(service: Service) -> int | None:
         return None
 
 
-def is_running(service: Service) -> bool:
+def _leader(service: Service) -> int | None:
+    """The recorded pid while it still leads its own process group, as every service
+    started here does (its own session); else None. A pid file that outlived its process
+    (a reboot, a crash) may name an unrelated process by now: never signal that one."""
     pid = _read_pid(service)
     if pid is None:
-        return False
+        return None
     try:
-        os.kill(pid, 0)
+        return pid if os.getpgid(pid) == pid else None
     except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return None
+    except PermissionError:  # alive, and not ours to check; treated as not this service
+        return None
+
+
+def is_running(service: Service) -> bool:
+    return _leader(service) is not None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -109,7 +116,8 @@ def start(service: Service) -> bool:
 def start_all(services: Sequence[Service]) -> list[bool]:
     """Start ``services`` side by side (none waits for another's health check) unless
     already running and healthy; for each, True if it started it now. Only for services
-    that do not need each other to come up. On a failure the ones started here are left
+    that do not need each other to come up, or that wait for what they need (a Dask worker
+    retries its scheduler until it answers). On a failure the ones started here are left
     running, as ``start`` leaves earlier services: the caller's stop cleans up."""
     launched = [_launch(service) for service in services]
     for service, proc in zip(services, launched, strict=True):
@@ -170,17 +178,13 @@ def stop_all(services: Sequence[Service]) -> list[bool]:
     groups: list[tuple[Service, int, int, float]] = []
     was_running = []
     for service in services:
-        pid = _read_pid(service)
-        try:
-            pgid = os.getpgid(pid) if pid is not None else None
-        except ProcessLookupError:
-            pgid = None
-        was_running.append(pgid is not None)
-        if pid is None or pgid is None:
+        pid = _leader(service)
+        was_running.append(pid is not None)
+        if pid is None:
             service.pidfile.unlink(missing_ok=True)
             continue
-        _signal_group(pgid, signal.SIGTERM)
-        groups.append((service, pgid, pid, time.monotonic() + service.stop_timeout_s))
+        _signal_group(pid, signal.SIGTERM)
+        groups.append((service, pid, pid, time.monotonic() + service.stop_timeout_s))
     while groups:
         alive = []
         for service, pgid, pid, deadline in groups:

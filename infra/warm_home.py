@@ -7,7 +7,8 @@ and imports torch, Prefect and MLflow in each of them, every run: about two thir
 experiment's wall time on a 2-core machine. Started once here, later runs find them through
 the home's ``warm/services.json`` (``flows.embedded.attach_warm_services``) and pay only
 their own process's start. Runs still record to the home's MLflow store and artifacts, as
-without warm services; the workers are given the same settings.
+without warm services; the workers are given the same settings, and a run whose recording
+settings differ from theirs (``det_tasks.home.RECORDING_SETTINGS``) starts its own.
 
 ``python -m infra.warm_home start|stop|status``; ``DET_TASKS_DASK_WORKERS`` (default 2)
 workers, or on a host with GPUs one worker per GPU that owns it (Dask resource ``GPU=1``,
@@ -19,33 +20,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
-from det_tasks.home import det_tasks_home, warm_services_file
+from det_tasks.home import RECORDING_SETTINGS, det_tasks_home, warm_services_file
 from infra import dask_cluster
 from infra.services import Service, ServiceError, is_running, start_all, stop_all
 from infra.stack import StackConfig, prefect_server_service
 
 __all__ = ["services", "start", "status", "stop"]
 
+# Set in a shell that points at servers (``source .stack/env``): the warm services would
+# serve runs that record elsewhere, or Prefect's server would think it is its own client.
+_SERVER_SETTINGS = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
+_PORTS = ("prefect_port", "dask_port")
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports (all held open while chosen)."""
+    with ExitStack() as held:
+        probes = [held.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 def _root() -> Path:
     return warm_services_file().parent
 
 
-def _recorded() -> dict[str, object]:
+def _recorded() -> dict[str, str]:
+    """What ``start`` recorded, or {} when there is no usable record."""
     try:
-        return dict(json.loads(warm_services_file().read_text()))
+        recorded = json.loads(warm_services_file().read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(recorded, dict) or not all(
+        str(recorded.get(key, "")).isdigit() for key in (*_PORTS, "workers", "gpus")
+    ):
+        return {}
+    return {str(k): str(v) for k, v in recorded.items()}
 
 
 def _run_settings(home: Path) -> dict[str, str]:
@@ -60,69 +77,101 @@ def _run_settings(home: Path) -> dict[str, str]:
 
 
 def _gpu_count() -> int:
-    import torch
+    from flows.devices import gpu_count
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpu_count()
 
 
-def services(prefect_port: int, dask_port: int, gpus: int = 0) -> list[Service]:
-    """The Prefect server, the Dask scheduler and its workers (one per GPU of ``gpus``),
-    rooted in the home's ``warm`` folder (logs, pid files, the Prefect database)."""
+def services(prefect_port: int, dask_port: int, workers: int, gpus: int = 0) -> list[Service]:
+    """The Prefect server, the Dask scheduler and ``workers`` workers (one per GPU where
+    ``gpus``), rooted in the home's ``warm`` folder (logs, pid files, Prefect's database)."""
     root = _root()
     config = StackConfig(root=root, prefect_port=prefect_port, dask_port=dask_port)
     address = dask_cluster.scheduler_address(dask_port)
     env = _run_settings(det_tasks_home())
     if gpus:
-        workers = [
+        pool = [
             dask_cluster.worker_service(root, address, f"dask-worker-gpu{i}", env=env, gpus=[i])
             for i in range(gpus)
         ]
     else:
-        workers = dask_cluster.worker_services(root, address, env)
-    return [
-        prefect_server_service(config),
-        dask_cluster.scheduler_service(root, dask_port),
-        *workers,
-    ]
+        pool = [
+            dask_cluster.worker_service(root, address, f"dask-worker-{i}", env=env)
+            for i in range(workers)
+        ]
+    return [prefect_server_service(config), dask_cluster.scheduler_service(root, dask_port), *pool]
 
 
 def _current() -> list[Service]:
+    """The recorded services, plus any whose pid file is left in the home's ``warm``
+    folder (a start that failed, a record lost): stop must find every one."""
     recorded = _recorded()
-    if not recorded:
-        return []
-    return services(
-        int(str(recorded["prefect_port"])),
-        int(str(recorded["dask_port"])),
-        int(str(recorded.get("gpus", "0"))),
+    known = (
+        services(
+            int(recorded["prefect_port"]),
+            int(recorded["dask_port"]),
+            int(recorded["workers"]),
+            int(recorded["gpus"]),
+        )
+        if recorded
+        else []
     )
+    names = {service.name for service in known}
+    leftovers = [
+        Service(pidfile.stem, [], lambda: False, _root())
+        for pidfile in sorted((_root() / "pids").glob("*.pid"))
+        if pidfile.stem not in names
+    ]
+    return known + leftovers
+
+
+def _refuse_server_settings() -> None:
+    home_defaults = _run_settings(det_tasks_home())
+    chosen = [name for name in _SERVER_SETTINGS if os.environ.get(name)]
+    chosen += [
+        name
+        for name in ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
+        if os.environ.get(name, home_defaults[name]) != home_defaults[name]
+    ]
+    if chosen:
+        raise ServiceError(
+            f"{', '.join(chosen)} set in this shell (a `source .stack/env`?): warm services "
+            "serve runs without servers, which record to the home's MLflow store; "
+            "unset them first, or run on that stack instead"
+        )
 
 
 def start() -> dict[str, str]:
-    """Start the warm services (or keep those running) and record where they answer;
-    returns what ``services.json`` holds."""
+    """Start the warm services (or keep those running) and record where they answer and
+    what their workers record to; returns what ``services.json`` holds."""
+    _refuse_server_settings()
     recorded = _recorded()
     running = [s for s in _current() if is_running(s)]
     if recorded and running:
-        prefect_port, dask_port = (
-            int(str(recorded["prefect_port"])),
-            int(str(recorded["dask_port"])),
-        )
+        prefect_port, dask_port = (int(recorded[key]) for key in _PORTS)
     else:
-        prefect_port, dask_port = _free_port(), _free_port()
+        prefect_port, dask_port = _free_ports(2)
     gpus = _gpu_count()
-    wanted = services(prefect_port, dask_port, gpus)
+    workers = gpus or int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
+    wanted = services(prefect_port, dask_port, workers, gpus)
     stop_all([s for s in running if s.name not in {w.name for w in wanted}])
-    start_all(wanted)
+    try:
+        start_all(wanted)
+    except BaseException:
+        stop_all(wanted)  # none of a failed start outlives it
+        raise
+    seen_by_workers = {**os.environ, **_run_settings(det_tasks_home())}
     description = {
         "prefect_port": str(prefect_port),
         "dask_port": str(dask_port),
-        "workers": str(len(wanted) - 2),  # less the Prefect server and the scheduler
+        "workers": str(workers),
         "gpus": str(gpus),
         # What one warm worker owns: a run whose trials need more starts its own cluster.
         "gpus_per_worker": "1" if gpus else "0",
         "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "DET_TASKS_DASK_SCHEDULER": dask_cluster.scheduler_address(dask_port),
-        **_run_settings(det_tasks_home()),
+        "DET_TASKS_HOME": seen_by_workers["DET_TASKS_HOME"],
+        **{name: seen_by_workers.get(name, "") for name in RECORDING_SETTINGS},
     }
     path = warm_services_file()
     partial = path.with_suffix(".tmp")
@@ -139,6 +188,7 @@ def stop() -> None:
 
 
 def status() -> list[tuple[Service, str]]:
+    """Each warm service with "up" (its process runs and answers) or "down"."""
     return [(s, "up" if is_running(s) and s.healthy() else "down") for s in _current()]
 
 

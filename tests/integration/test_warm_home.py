@@ -103,9 +103,11 @@ def _ctrl_c_midway(tmp_path: Path) -> tuple[int, str, float]:
     return proc.returncode, stderr, time.monotonic() - signalled
 
 
-def _pid_alive(pid: int) -> bool:
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (each service leads its own group, so
+    this covers the Nanny's worker processes and the servers' children)."""
     try:
-        os.kill(pid, 0)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     return True
@@ -154,6 +156,7 @@ def test_later_runs_use_the_warm_services_and_stop_leaves_nothing(tmp_path: Path
         # seconds; the trial leaves the warm worker, which stays up for the next run.
         code, stderr, took = _ctrl_c_midway(tmp_path)
         assert code == 130 and "--activate" in stderr, stderr[-3000:]
+        assert "on the warm services of" in stderr
         assert took <= 30, f"exit took {took:.1f} s"
         killable = client.get_experiment_by_name("flow-killable")
         assert killable is not None
@@ -167,7 +170,7 @@ def test_later_runs_use_the_warm_services_and_stop_leaves_nothing(tmp_path: Path
         stopped = _run(tmp_path, "infra.warm_home", "stop")
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert len(pids) == 4  # the Prefect server, the scheduler, two workers
-    assert not [pid for pid in pids if _pid_alive(pid)]
+    assert not [pid for pid in pids if _group_alive(pid)]
     assert not (tmp_path / "det" / "warm" / "services.json").exists()
     status = _run(tmp_path, "infra.warm_home", "status")
     assert "no warm services" in status.stdout

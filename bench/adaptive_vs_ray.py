@@ -13,6 +13,11 @@ one run (issue 14, target row 2: our wall <= Ray Tune's).
   workers run one thread each: ``threads_per_worker=1``, ``OMP_NUM_THREADS=1``).
   Timed as the whole process, from before ``ray.init`` and after it (the issue's 53 s).
 
+- ours on warm services: the same command in a home whose warm services are up
+  (``python -m infra.warm_home start``, started once and warmed by a 1-batch run, neither
+  counted): the counterpart of Ray's time after ``ray.init``, whose cluster start it
+  leaves out.
+
 Our search is Determined's adaptive_asha (standard mode: brackets of 3 and 2 rungs, rungs at
 12/50/200 batches), Ray's a single ASHA bracket: the same budget, not the same schedule.
 
@@ -45,11 +50,10 @@ from typing import Any
 # Helpers from the benches beside this one, imported by name: bench/ is not under the
 # project's mypy (make typecheck covers the packages) and those modules do not pass it, so
 # `mypy bench/adaptive_vs_ray.py` checks this file without following them.
-_flow_latency = importlib.import_module("flow_latency")  # run_flow and the paths
+_flow_latency = importlib.import_module("flow_latency")  # its no-server env and paths
 cpu_name = importlib.import_module("harness_overhead").cpu_name
 ROOT: Path = _flow_latency.ROOT
 MNIST: Path = _flow_latency.MNIST
-run_flow = _flow_latency.run_flow
 
 RAY = "ray[tune]==2.60.0"
 RAY_VENV = Path.home() / ".cache" / "det_tasks" / "bench-ray-venv"
@@ -98,16 +102,75 @@ def ray_python() -> Path:
     return python
 
 
+def trained_batches(home: Path, summary: dict[str, Any]) -> int:
+    """Batches our run trained, summed over its trials (each trial run's progress/batches
+    in the home's MLflow store): ASHA's promotions decide it, so it is counted, not assumed."""
+    from registry.tracking import client_for
+
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    experiment_id, parent = re.findall(
+        r"experiments/(\d+)/runs/([0-9a-f]{32})", summary["mlflow_parent_run"]
+    )[0]
+    trials = client.search_runs(
+        [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    return sum(int(run.data.metrics.get("progress/batches", 0)) for run in trials)
+
+
+def _ours_in(home: Path, smoke: bool, on_warm_services: bool) -> dict[str, float]:
+    started = time.perf_counter()
+    done = _in_home(home, "flows.experiment", str(CONFIG), *_overrides(smoke))
+    wall = time.perf_counter() - started
+    if done.returncode or on_warm_services != ("on the warm services of" in done.stderr):
+        sys.exit(f"our flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    summary = json.loads(done.stdout)  # the flow's stdout is its summary JSON alone
+    return {
+        "wall_s": wall,
+        "best_validation_error": summary["best"]["metric"],
+        "batches_trained": trained_batches(home, summary),
+    }
+
+
 def ours(smoke: bool) -> dict[str, float]:
-    """Wall seconds and best validation_error of the no-server flow (flow_latency's way)."""
-    overrides = (
+    """The no-server flow in a fresh home (flow_latency's way): wall seconds, best
+    validation_error, batches trained."""
+    with tempfile.TemporaryDirectory() as home:
+        return _ours_in(Path(home), smoke, on_warm_services=False)
+
+
+def _overrides(smoke: bool) -> list[str]:
+    return (
         [f"searcher.max_trials={SMOKE['samples']}", f"searcher.max_time={SMOKE['max_t']}"]
         if smoke
         else []  # the YAML as it is: 16 trials, max_time 200
     )
-    wall, stdout = run_flow(CONFIG, overrides)
-    summary = json.loads(stdout)  # the flow's stdout is its summary JSON alone
-    return {"wall_s": wall, "best_validation_error": summary["best"]["metric"]}
+
+
+def _in_home(home: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """``python -m COMMAND`` with no servers configured, in ``home`` (flow_latency's env)."""
+    return subprocess.run(
+        [sys.executable, "-m", *command],
+        cwd=home,
+        env={**_flow_latency._no_server_env(home), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+
+
+def ours_on_warm_services(home: Path, smoke: bool) -> dict[str, float]:
+    """The same flow on ``home``'s warm services."""
+    return _ours_in(home, smoke, on_warm_services=True)
+
+
+def warm_services(home: Path) -> None:
+    """Start ``home``'s warm services and warm them with a 1-batch run (neither timed)."""
+    for command in (
+        ("infra.warm_home", "start"),
+        ("flows.experiment", str(MNIST / "const.yaml"), "searcher.max_length={batches: 1}"),
+    ):
+        done = _in_home(home, *command)
+        if done.returncode:
+            sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
 
 
 def ray_tune(python: Path, smoke: bool) -> dict[str, Any]:
@@ -140,10 +203,16 @@ def main() -> None:
     args = parser.parse_args()
     python = ray_python()
     load_start = os.getloadavg()
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "ray": []}
-    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
-        runs["ours"].append(ours(args.smoke))
-        runs["ray"].append(ray_tune(python, args.smoke))
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "warm": [], "ray": []}
+    with tempfile.TemporaryDirectory() as home:
+        warm_services(Path(home))
+        try:
+            for _ in range(args.repeats):  # interleaved, so load changes hit all alike
+                runs["ours"].append(ours(args.smoke))
+                runs["warm"].append(ours_on_warm_services(Path(home), args.smoke))
+                runs["ray"].append(ray_tune(python, args.smoke))
+        finally:
+            _in_home(Path(home), "infra.warm_home", "stop")
     load_end = os.getloadavg()
     med = {
         k: {m: statistics.median(r[m] for r in rs) for m in rs[0] if m in TIMES}
@@ -171,6 +240,10 @@ def main() -> None:
         f"| Ray Tune {ray_version}: whole process | {med['ray']['wall_s']:.1f} | "
         f"{best['ray']:.4f} |"
     )
+    print(
+        f"| ours on warm services (python -m infra.warm_home start) | "
+        f"{med['warm']['wall_s']:.1f} | {best['warm']:.4f} |"
+    )
     print(f"| Ray Tune: before ray.init -> end of fit() | {med['ray']['from_ray_init_s']:.1f} | |")
     print(
         f"| Ray Tune: after ray.init (the issue's 53 s) | {med['ray']['after_ray_init_s']:.1f} | |"
@@ -179,6 +252,16 @@ def main() -> None:
         f"ours / Ray Tune: {med['ours']['wall_s'] / med['ray']['wall_s']:.2f}x its whole "
         f"process, {med['ours']['wall_s'] / med['ray']['after_ray_init_s']:.2f}x its time "
         "after ray.init (target <= 1.00)"
+    )
+    batches = {k: statistics.median(r["batches_trained"] for r in rs) for k, rs in runs.items()}
+    per_batch = {k: med[k]["wall_s"] / batches[k] for k in runs}
+    ray_after_init = med["ray"]["after_ray_init_s"] / batches["ray"]
+    print(
+        f"per trained batch (batches: ours {batches['ours']:.0f}, on warm services "
+        f"{batches['warm']:.0f}, Ray {batches['ray']:.0f}): ours / Ray whole process "
+        f"{per_batch['ours'] / per_batch['ray']:.2f}x; ours on warm services / Ray whole "
+        f"process {per_batch['warm'] / per_batch['ray']:.2f}x, / Ray after ray.init "
+        f"{per_batch['warm'] / ray_after_init:.2f}x (issue 24's target <= 0.8x)"
     )
     print(
         f"Ray Tune import {med['ray']['import_s']:.1f} s, ray.init {med['ray']['init_s']:.1f} s; "

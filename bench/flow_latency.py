@@ -131,14 +131,19 @@ def warm_step_overheads(trials: int = 4) -> list[tuple[float, float]]:
         tasks = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}))
-    work: dict[Any, float] = {}
-    ended: dict[Any, float] = {}
-    for log in logs:
-        match = WORK.search(log.message)
-        if match and log.task_run_id:
-            work[log.task_run_id] = float(match.group(1))
-            ended[log.task_run_id] = float(match.group(2) or 0.0)
+        deadline = time.monotonic() + 30
+        while True:  # until every task's line has arrived: they are sent in batches
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}))
+            work: dict[Any, float] = {}
+            ended: dict[Any, float] = {}
+            for log in logs:
+                match = WORK.search(log.message)
+                if match and log.task_run_id:
+                    work[log.task_run_id] = float(match.group(1))
+                    ended[log.task_run_id] = float(match.group(2) or 0.0)
+            if {t.id for t in tasks} <= set(work) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     # Names are the step and the trial: "train trial-3 0-50", "validate trial-3 @50".
     named = {t.name: t for t in tasks}
     overheads: list[tuple[float, float]] = []

@@ -7,13 +7,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["HOME_ENV", "RECORDING_SETTINGS", "det_tasks_home", "warm_services_file"]
+__all__ = [
+    "HOME_ENV",
+    "RECORDING_SETTINGS",
+    "det_tasks_home",
+    "no_server_recording",
+    "warm_services_file",
+]
 
 HOME_ENV = "DET_TASKS_HOME"
 
 
 def det_tasks_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or Path.home() / ".det_tasks").expanduser()
+
+
+def no_server_recording(home: Path) -> dict[str, str]:
+    """Where a run without servers records (the MLflow store and artifact folder in
+    ``home``): the embedded mode's defaults, and what the home's warm workers are given."""
+    home = home.resolve()
+    return {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
+        "DET_TASKS_ARTIFACT_ROOT": str(home / "artifacts"),
+    }
 
 
 def warm_services_file() -> Path:

@@ -26,7 +26,12 @@ import urllib.request
 from pathlib import Path
 
 from det_tasks.first_use import create_once
-from det_tasks.home import RECORDING_SETTINGS, det_tasks_home, warm_services_file
+from det_tasks.home import (
+    RECORDING_SETTINGS,
+    det_tasks_home,
+    no_server_recording,
+    warm_services_file,
+)
 
 __all__ = [
     "PRESTART_ENV",
@@ -44,11 +49,12 @@ def use_embedded_defaults() -> dict[str, str]:
     can tell the user where to look."""
     chosen: dict[str, str] = {}
     if not os.environ.get("MLFLOW_TRACKING_URI"):
-        home = det_tasks_home().resolve()
+        home = det_tasks_home()
         home.mkdir(parents=True, exist_ok=True)
-        chosen["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow.db'}"
+        defaults = no_server_recording(home)
+        chosen["MLFLOW_TRACKING_URI"] = defaults["MLFLOW_TRACKING_URI"]
         if not os.environ.get("DET_TASKS_ARTIFACT_ROOT"):
-            chosen["DET_TASKS_ARTIFACT_ROOT"] = str(home / "artifacts")
+            chosen["DET_TASKS_ARTIFACT_ROOT"] = defaults["DET_TASKS_ARTIFACT_ROOT"]
     if not os.environ.get("PREFECT_API_URL"):
         # The ephemeral server otherwise logs an error per start when it cannot phone home.
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -59,9 +65,8 @@ def use_embedded_defaults() -> dict[str, str]:
 
 # What a run takes from the warm services' record (infra.warm_home): where its flow and
 # trials run. The run's own recording settings must equal those its workers were given;
-# the two the embedded mode would choose itself may be left unset.
+# the ones the embedded mode would choose itself (no_server_recording) may be left unset.
 _WARM_ADDRESSES = ("PREFECT_API_URL", "DET_TASKS_DASK_SCHEDULER")
-_EMBEDDED_CHOICES = ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
 WARM_SERVICES_ENV = "DET_TASKS_WARM_SERVICES"  # "0": never use them
 # Sizes the embedded cluster's workers; set, the user wants that cluster, not warm workers.
 _EMBEDDED_SIZING = "DET_TASKS_WORKER_MEMORY_MB"
@@ -100,8 +105,9 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
         isinstance(recorded.get(name), str) for name in _WARM_ADDRESSES + RECORDING_SETTINGS
     ):
         return None
+    embedded_choices = no_server_recording(det_tasks_home())
     for name in RECORDING_SETTINGS:
-        unset = recorded[name] if name in _EMBEDDED_CHOICES else ""
+        unset = recorded[name] if name in embedded_choices else ""
         if os.environ.get(name, unset) != recorded[name]:
             return None
     gpus_per_worker = str(recorded.get("gpus_per_worker", "0"))
@@ -111,7 +117,7 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
         recorded["DET_TASKS_DASK_SCHEDULER"]
     ):
         return None
-    os.environ.update({name: recorded[name] for name in _WARM_ADDRESSES + _EMBEDDED_CHOICES})
+    os.environ.update({name: recorded[name] for name in (*_WARM_ADDRESSES, *embedded_choices)})
     workers = str(recorded.get("workers", ""))
     return WarmServices(
         prefect_api=recorded["PREFECT_API_URL"],

@@ -26,8 +26,10 @@ __all__ = [
     "kept_secrets",
     "start",
     "start_all",
+    "state_lines",
     "stop",
     "stop_all",
+    "up_or_down",
 ]
 
 
@@ -45,6 +47,8 @@ class Service:
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
     cwd: Path | None = None  # working directory of the process (default: inherited)
+    # Variables of the starting process's environment the service must not inherit.
+    unset: tuple[str, ...] = ()
 
     @property
     def pidfile(self) -> Path:
@@ -140,7 +144,7 @@ def _launch(service: Service) -> tuple[subprocess.Popen[bytes], float] | None:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **service.env},
+            env={**_inherited(service), **service.env},
             cwd=service.cwd,
             start_new_session=True,
         )
@@ -175,36 +179,48 @@ def stop(service: Service) -> bool:
 def stop_all(services: Sequence[Service]) -> list[bool]:
     """Stop ``services`` side by side: TERM every group at once, then KILL each group still
     alive past its own ``stop_timeout_s``; for each, True if one was running."""
-    groups: list[tuple[Service, int, int, float]] = []
-    was_running = []
-    for service in services:
-        pid = _leader(service)
-        was_running.append(pid is not None)
-        if pid is None:
+    leaders = [_leader(service) for service in services]
+    stopping: list[tuple[Service, int, float]] = []
+    for service, leader in zip(services, leaders, strict=True):
+        if leader is None:
             service.pidfile.unlink(missing_ok=True)
             continue
-        _signal_group(pid, signal.SIGTERM)
-        groups.append((service, pid, pid, time.monotonic() + service.stop_timeout_s))
-    while groups:
-        alive = []
-        for service, pgid, pid, deadline in groups:
-            if not _group_alive(pgid, pid):
+        _signal_group(leader, signal.SIGTERM)  # a leader's pid is its group's id
+        stopping.append((service, leader, time.monotonic() + service.stop_timeout_s))
+    while stopping:
+        still = []
+        for service, leader, deadline in stopping:
+            if not _group_alive(leader):
                 service.pidfile.unlink(missing_ok=True)
             elif time.monotonic() >= deadline:
-                _kill_group(pgid, pid)
+                _kill_group(leader)
                 service.pidfile.unlink(missing_ok=True)
             else:
-                alive.append((service, pgid, pid, deadline))
-        groups = alive
-        if groups:
+                still.append((service, leader, deadline))
+        stopping = still
+        if stopping:
             time.sleep(0.2)
-    return was_running
+    return [leader is not None for leader in leaders]
 
 
-def _kill_group(pgid: int, leader: int) -> None:
-    _signal_group(pgid, signal.SIGKILL)
+def up_or_down(services: Sequence[Service]) -> list[tuple[Service, str]]:
+    """Each service with "up" (its process runs and its health check passes) or "down"."""
+    return [(s, "up" if is_running(s) and s.healthy() else "down") for s in services]
+
+
+def state_lines(states: Sequence[tuple[Service, str]]) -> list[str]:
+    """What a ``status`` command prints: one line per service, with its log."""
+    return [f"{service.name:16s} {state:5s} log: {service.logfile}" for service, state in states]
+
+
+def _inherited(service: Service) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in service.unset}
+
+
+def _kill_group(leader: int) -> None:
+    _signal_group(leader, signal.SIGKILL)
     for _ in range(50):
-        if not _group_alive(pgid, leader):
+        if not _group_alive(leader):
             return
         time.sleep(0.1)
 
@@ -216,10 +232,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int, leader: int) -> bool:
+def _group_alive(leader: int) -> bool:
     _reap(leader)  # a leader we started is a zombie until reaped, and still "in" the group
     try:
-        os.killpg(pgid, 0)
+        os.killpg(leader, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

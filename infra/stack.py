@@ -29,8 +29,10 @@ from infra.services import (
     kept_secrets,
     start,
     start_all,
+    state_lines,
     stop,
     stop_all,
+    up_or_down,
 )
 
 __all__ = ["StackConfig", "down", "env_for", "main", "service_states", "up"]
@@ -381,7 +383,9 @@ def prefect_server_service(config: StackConfig) -> Service:
         or (f"sqlite+aiosqlite:///{config.root / 'prefect' / 'prefect.db'}")
     )
     env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
-    env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
+    # The server must not think it is a client of itself: neither from the client settings
+    # above nor from a shell that points at a server (`source .stack/env`).
+    env.pop("PREFECT_API_URL")
     # The UI's own address for the API: Prefect builds it from its default port (4200),
     # not from --port, so on any other port the UI could not reach its server.
     env["PREFECT_SERVER_UI_API_URL"] = config.prefect_api
@@ -406,6 +410,7 @@ def prefect_server_service(config: StackConfig) -> Service:
         env=env,
         start_timeout_s=120,
         stop_timeout_s=15,
+        unset=("PREFECT_API_URL",),
     )
 
 
@@ -546,7 +551,7 @@ def service_states(config: StackConfig) -> list[tuple[Service, str]]:
     ]
     if config.postgres_port:
         services.insert(0, postgres.postgres_service(config.root, config.postgres_port))
-    return [(s, "up" if is_running(s) and s.healthy() else "down") for s in services]
+    return up_or_down(services)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,8 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "env":
             print("".join(f"export {k}={v}\n" for k, v in env_for(config).items()), end="")
             return 0
-        for service, state in service_states(config):
-            print(f"{service.name:16s} {state:5s} log: {service.logfile}")
+        print("\n".join(state_lines(service_states(config))))
         return 0
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)

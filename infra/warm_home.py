@@ -26,9 +26,22 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from det_tasks.home import RECORDING_SETTINGS, det_tasks_home, warm_services_file
+from det_tasks.home import (
+    RECORDING_SETTINGS,
+    det_tasks_home,
+    no_server_recording,
+    warm_services_file,
+)
 from infra import dask_cluster
-from infra.services import Service, ServiceError, is_running, start_all, stop_all
+from infra.services import (
+    Service,
+    ServiceError,
+    is_running,
+    start_all,
+    state_lines,
+    stop_all,
+    up_or_down,
+)
 from infra.stack import StackConfig, prefect_server_service
 
 __all__ = ["services", "start", "status", "stop"]
@@ -59,21 +72,15 @@ def _recorded() -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     if not isinstance(recorded, dict) or not all(
-        str(recorded.get(key, "")).isdigit() for key in (*_PORTS, "workers", "gpus")
+        str(recorded.get(key, "")).isdigit() for key in (*_PORTS, "workers", "gpus_per_worker")
     ):
         return {}
     return {str(k): str(v) for k, v in recorded.items()}
 
 
-def _run_settings(home: Path) -> dict[str, str]:
-    """What an embedded run records to (flows.embedded.use_embedded_defaults): the workers
-    must write the same MLflow store and artifact folder as the runs that use them."""
-    home = home.resolve()
-    return {
-        "DET_TASKS_HOME": str(home),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{home / 'mlflow.db'}",
-        "DET_TASKS_ARTIFACT_ROOT": str(home / "artifacts"),
-    }
+def _worker_settings(home: Path) -> dict[str, str]:
+    """The workers record where a run without servers does, in the same home."""
+    return {"DET_TASKS_HOME": str(home.resolve()), **no_server_recording(home)}
 
 
 def _gpu_count() -> int:
@@ -82,23 +89,23 @@ def _gpu_count() -> int:
     return gpu_count()
 
 
-def services(prefect_port: int, dask_port: int, workers: int, gpus: int = 0) -> list[Service]:
-    """The Prefect server, the Dask scheduler and ``workers`` workers (one per GPU where
-    ``gpus``), rooted in the home's ``warm`` folder (logs, pid files, Prefect's database)."""
+def services(
+    prefect_port: int, dask_port: int, workers: int, gpus_per_worker: int = 0
+) -> list[Service]:
+    """The Prefect server, the Dask scheduler and ``workers`` workers (worker i owning GPU
+    i where ``gpus_per_worker``), rooted in the home's ``warm`` folder (logs, pid files,
+    Prefect's database)."""
     root = _root()
     config = StackConfig(root=root, prefect_port=prefect_port, dask_port=dask_port)
     address = dask_cluster.scheduler_address(dask_port)
-    env = _run_settings(det_tasks_home())
-    if gpus:
-        pool = [
-            dask_cluster.worker_service(root, address, f"dask-worker-gpu{i}", env=env, gpus=[i])
-            for i in range(gpus)
-        ]
-    else:
-        pool = [
-            dask_cluster.worker_service(root, address, f"dask-worker-{i}", env=env)
-            for i in range(workers)
-        ]
+    env = _worker_settings(det_tasks_home())
+    prefix = "dask-worker-gpu" if gpus_per_worker else "dask-worker-"
+    pool = [
+        dask_cluster.worker_service(
+            root, address, f"{prefix}{i}", env=env, gpus=[i] if gpus_per_worker else None
+        )
+        for i in range(workers)
+    ]
     return [prefect_server_service(config), dask_cluster.scheduler_service(root, dask_port), *pool]
 
 
@@ -111,7 +118,7 @@ def _current() -> list[Service]:
             int(recorded["prefect_port"]),
             int(recorded["dask_port"]),
             int(recorded["workers"]),
-            int(recorded["gpus"]),
+            int(recorded["gpus_per_worker"]),
         )
         if recorded
         else []
@@ -126,12 +133,11 @@ def _current() -> list[Service]:
 
 
 def _refuse_server_settings() -> None:
-    home_defaults = _run_settings(det_tasks_home())
     chosen = [name for name in _SERVER_SETTINGS if os.environ.get(name)]
     chosen += [
         name
-        for name in ("MLFLOW_TRACKING_URI", "DET_TASKS_ARTIFACT_ROOT")
-        if os.environ.get(name, home_defaults[name]) != home_defaults[name]
+        for name, default in no_server_recording(det_tasks_home()).items()
+        if os.environ.get(name, default) != default
     ]
     if chosen:
         raise ServiceError(
@@ -153,24 +159,22 @@ def start() -> dict[str, str]:
         prefect_port, dask_port = _free_ports(2)
     gpus = _gpu_count()
     workers = gpus or int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
-    wanted = services(prefect_port, dask_port, workers, gpus)
+    gpus_per_worker = 1 if gpus else 0  # what one worker owns; a run needing more starts its own
+    wanted = services(prefect_port, dask_port, workers, gpus_per_worker)
     stop_all([s for s in running if s.name not in {w.name for w in wanted}])
     try:
         start_all(wanted)
     except BaseException:
         stop_all(wanted)  # none of a failed start outlives it
         raise
-    seen_by_workers = {**os.environ, **_run_settings(det_tasks_home())}
+    seen_by_workers = {**os.environ, **_worker_settings(det_tasks_home())}
     description = {
         "prefect_port": str(prefect_port),
         "dask_port": str(dask_port),
         "workers": str(workers),
-        "gpus": str(gpus),
-        # What one warm worker owns: a run whose trials need more starts its own cluster.
-        "gpus_per_worker": "1" if gpus else "0",
+        "gpus_per_worker": str(gpus_per_worker),
         "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "DET_TASKS_DASK_SCHEDULER": dask_cluster.scheduler_address(dask_port),
-        "DET_TASKS_HOME": seen_by_workers["DET_TASKS_HOME"],
         **{name: seen_by_workers.get(name, "") for name in RECORDING_SETTINGS},
     }
     path = warm_services_file()
@@ -189,7 +193,7 @@ def stop() -> None:
 
 def status() -> list[tuple[Service, str]]:
     """Each warm service with "up" (its process runs and answers) or "down"."""
-    return [(s, "up" if is_running(s) and s.healthy() else "down") for s in _current()]
+    return up_or_down(_current())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"Prefect UI {described['PREFECT_API_URL'][:-4]}, "
                 f"Dask {described['DET_TASKS_DASK_SCHEDULER']} "
                 f"({described['workers']} workers"
-                f"{', one per GPU' if described['gpus'] != '0' else ''}); "
+                f"{', one per GPU' if described['gpus_per_worker'] != '0' else ''}); "
                 "`python -m flows.experiment` now runs on them; "
                 "stop: python -m infra.warm_home stop"
             )
@@ -215,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         states = status()
         if not states:
             print(f"no warm services for {det_tasks_home()}")
-        for service, state in states:
-            print(f"{service.name:16s} {state:5s} log: {service.logfile}")
+        for line in state_lines(states):
+            print(line)
         return 0
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,17 +1,21 @@
 """What several integration tests share: the test stacks' ports, an environment that names
-no platform service, and a quick `det-tasks run` of the flow tests' XOR trial."""
+no platform service (and one with a home of its own), a Ctrl-C midway through a run, and a
+quick `det-tasks run` of the flow tests' XOR trial."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from infra.stack import StackConfig
 
-FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
+REPO = Path(__file__).resolve().parents[2]
+FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
 PLATFORM_PREFIXES = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
 
 
@@ -41,6 +45,36 @@ def env_without_platform(**extra: str) -> dict[str, str]:
     ``extra``: a child that sees only what the test gives it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_PREFIXES)}
     return {**env, **extra}
+
+
+def home_env(home: Path) -> dict[str, str]:
+    """No platform service, this checkout importable, and a home (det_tasks' and Prefect's)
+    of its own under ``home``: a run without servers, as a user's first one."""
+    return env_without_platform(
+        DET_TASKS_HOME=str(home / "det"),
+        PREFECT_HOME=str(home / "prefect"),
+        PYTHONPATH=str(REPO),
+    )
+
+
+def ctrl_c_midway(proc: subprocess.Popen[str], pid_file: Path, after_s: float) -> tuple[str, float]:
+    """SIGINT to ``proc``'s process group (a terminal's Ctrl-C; start it with
+    ``start_new_session=True``) ``after_s`` seconds after its trial wrote ``pid_file``;
+    its stderr and the seconds from the signal to its exit (AssertionError after 120 s)."""
+    deadline = time.monotonic() + 300
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), proc.communicate()[1][-3000:]
+    time.sleep(after_s)
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired as late:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"still running 120 s after Ctrl-C:\n{late.stderr!r:.6000}") from None
+    return stderr, time.monotonic() - signalled
 
 
 def run_xor_trial(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import env_without_platform
+from tests.integration.helpers import ctrl_c_midway, home_env
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
@@ -25,19 +24,11 @@ CONFIG = FLOW_MODEL / "killable.yaml"  # one trial, 120 batches, checkpoints eve
 SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop it midway
 
 
-def _env(home: Path) -> dict[str, str]:
-    return env_without_platform(
-        DET_TASKS_HOME=str(home / "det"),
-        PREFECT_HOME=str(home / "prefect"),
-        PYTHONPATH=str(REPO),
-    )
-
-
 def _experiment(home: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "flows.experiment", str(CONFIG), SLOW_BATCHES, *args],
         cwd=home,
-        env=_env(home),
+        env=home_env(home),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -71,20 +62,8 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
 
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}")
-    deadline = time.monotonic() + 300
-    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert pid_file.exists(), proc.communicate()[1][-3000:]
-    time.sleep(4)  # some batches in, between two periodic checkpoints or past one
-    signalled = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired as late:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"still running 120 s after Ctrl-C:\n{late.stderr!r:.6000}") from None
-    took = time.monotonic() - signalled
+    # some batches in, between two periodic checkpoints or past one
+    stderr, took = ctrl_c_midway(proc, pid_file, after_s=4)
     assert proc.returncode == 130, stderr[-3000:]
     assert took <= 30, f"exit took {took:.1f} s"
     time.sleep(1)
@@ -126,7 +105,7 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
             "--checkpoint-dir",
             str(reference_dir),
         ],
-        env=_env(tmp_path),
+        env=home_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
@@ -136,7 +115,7 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     saved = dict(os.environ)
     try:
         os.environ.clear()
-        os.environ.update(_env(tmp_path))
+        os.environ.update(home_env(tmp_path))
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db')}"
         got = pytorch.load_trial_from_checkpoint_path(records[-1]["uri"])
     finally:

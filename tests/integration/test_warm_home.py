@@ -10,97 +10,70 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.helpers import env_without_platform
+from tests.integration.helpers import FLOW_MODEL, ctrl_c_midway, home_env
 
-REPO = Path(__file__).resolve().parents[2]
-GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
-KILLABLE = REPO / "tests" / "fixtures" / "flow_model" / "killable.yaml"  # 120 batches
+GRID = FLOW_MODEL / "grid.yaml"
+KILLABLE = FLOW_MODEL / "killable.yaml"  # 120 batches
 SLOW = ["hyperparameters.sleep_s=0.1"]  # 12 s of training: time to stop it midway
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return env_without_platform(
-        DET_TASKS_HOME=str(tmp_path / "det"),
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PYTHONPATH=str(REPO),
-    )
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", *args],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=home_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=600,
     )
 
 
-def _worker_addresses(scheduler: str) -> set[str]:
+def _ask_scheduler(scheduler: str, handler: str) -> Any:
+    """One of the scheduler's own handlers (``identity``, ``processing``), as Dask's CLI
+    and dashboard ask it."""
     from distributed.core import rpc
 
-    async def ask() -> set[str]:
+    async def ask() -> Any:
         async with rpc(scheduler, timeout=5) as remote:
-            identity = await remote.identity()
-        return set(identity["workers"])
+            return await getattr(remote, handler)()
 
     return asyncio.run(ask())
+
+
+def _worker_addresses(scheduler: str) -> set[str]:
+    return set(_ask_scheduler(scheduler, "identity")["workers"])
 
 
 def _busy_workers(scheduler: str) -> dict[str, list[str]]:
     """Each worker's tasks in flight, as the scheduler sees them."""
-    from distributed.core import rpc
-
-    async def ask() -> dict[str, list[str]]:
-        async with rpc(scheduler, timeout=5) as remote:
-            processing = await remote.processing()
-        return {worker: list(keys) for worker, keys in processing.items() if keys}
-
-    return asyncio.run(ask())
+    processing = _ask_scheduler(scheduler, "processing")
+    return {worker: list(keys) for worker, keys in processing.items() if keys}
 
 
 def _ctrl_c_midway(tmp_path: Path) -> tuple[int, str, float]:
     """A 12 s trial on the warm services, SIGINT to its terminal's process group midway:
     the exit code, stderr, and seconds from the signal to the exit."""
     pid_file = tmp_path / "pids"
+    args = [str(KILLABLE), *SLOW, f"data.pid_file={pid_file}"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "flows.experiment",
-            str(KILLABLE),
-            *SLOW,
-            f"data.pid_file={pid_file}",
-        ],
+        [sys.executable, "-m", "flows.experiment", *args],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=home_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
-    deadline = time.monotonic() + 300
-    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)
-    signalled = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, stderr = proc.communicate()
-    return proc.returncode, stderr, time.monotonic() - signalled
+    stderr, took = ctrl_c_midway(proc, pid_file, after_s=3)
+    return proc.returncode, stderr, took
 
 
 def _group_alive(pgid: int) -> bool:

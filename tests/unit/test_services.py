@@ -1,5 +1,6 @@
-"""infra.services: side-by-side stops that still KILL a service ignoring TERM, and a pid
-file that outlived its process never gets an unrelated process signalled."""
+"""infra.services: side-by-side stops that still KILL a service ignoring TERM, a pid file
+that outlived its process never gets an unrelated process signalled, and a service does
+not inherit the variables it unsets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from infra.services import Service, is_running, start_all, stop, stop_all
 
@@ -62,3 +65,24 @@ def test_a_pid_file_naming_an_unrelated_process_is_not_signalled(tmp_path: Path)
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+def test_a_service_does_not_inherit_what_it_unsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefect's server started from a shell that points at a server (`source .stack/env`)
+    must not take that server for its own API."""
+    monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
+    out = tmp_path / "seen.out"
+    service = Service(
+        "env-check",
+        ["bash", "-c", f"echo ${{PREFECT_API_URL-unset}} > {out}; sleep 30"],
+        lambda: out.exists() and out.read_text() != "",
+        tmp_path,
+        unset=("PREFECT_API_URL",),
+    )
+    try:
+        start_all([service])
+        assert out.read_text().strip() == "unset"
+    finally:
+        stop(service)

@@ -148,7 +148,7 @@ def test_a_trial_needing_more_gpus_than_a_warm_worker_owns_starts_its_own(
     home: Path, answering: tuple[int, int]
 ) -> None:
     """On a GPU host each warm worker owns one GPU: a 2-slot trial would find no worker."""
-    _record(home, *answering, gpus="4", gpus_per_worker="1")
+    _record(home, *answering, workers="4", gpus_per_worker="1")
     assert attach_warm_services(slots_per_trial=2) is None
     assert attach_warm_services(slots_per_trial=1) is not None
 

@@ -54,6 +54,7 @@ _flow_latency = importlib.import_module("flow_latency")  # its no-server env and
 cpu_name = importlib.import_module("harness_overhead").cpu_name
 ROOT: Path = _flow_latency.ROOT
 MNIST: Path = _flow_latency.MNIST
+run_in_home = _flow_latency.run_in_home
 
 RAY = "ray[tune]==2.60.0"
 RAY_VENV = Path.home() / ".cache" / "det_tasks" / "bench-ray-venv"
@@ -105,9 +106,10 @@ def ray_python() -> Path:
 def trained_batches(home: Path, summary: dict[str, Any]) -> int:
     """Batches our run trained, summed over its trials (each trial run's progress/batches
     in the home's MLflow store): ASHA's promotions decide it, so it is counted, not assumed."""
+    from det_tasks.home import no_server_recording
     from registry.tracking import client_for
 
-    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    client = client_for(no_server_recording(home / "det")["MLFLOW_TRACKING_URI"])
     experiment_id, parent = re.findall(
         r"experiments/(\d+)/runs/([0-9a-f]{32})", summary["mlflow_parent_run"]
     )[0]
@@ -119,7 +121,7 @@ def trained_batches(home: Path, summary: dict[str, Any]) -> int:
 
 def _ours_in(home: Path, smoke: bool, on_warm_services: bool) -> dict[str, float]:
     started = time.perf_counter()
-    done = _in_home(home, "flows.experiment", str(CONFIG), *_overrides(smoke))
+    done = run_in_home(home, "flows.experiment", str(CONFIG), *_overrides(smoke))
     wall = time.perf_counter() - started
     if done.returncode or on_warm_services != ("on the warm services of" in done.stderr):
         sys.exit(f"our flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -146,29 +148,13 @@ def _overrides(smoke: bool) -> list[str]:
     )
 
 
-def _in_home(home: Path, *command: str) -> subprocess.CompletedProcess[str]:
-    """``python -m COMMAND`` with no servers configured, in ``home`` (flow_latency's env)."""
-    return subprocess.run(
-        [sys.executable, "-m", *command],
-        cwd=home,
-        env={**_flow_latency._no_server_env(home), "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
-
-
-def ours_on_warm_services(home: Path, smoke: bool) -> dict[str, float]:
-    """The same flow on ``home``'s warm services."""
-    return _ours_in(home, smoke, on_warm_services=True)
-
-
 def warm_services(home: Path) -> None:
     """Start ``home``'s warm services and warm them with a 1-batch run (neither timed)."""
     for command in (
         ("infra.warm_home", "start"),
         ("flows.experiment", str(MNIST / "const.yaml"), "searcher.max_length={batches: 1}"),
     ):
-        done = _in_home(home, *command)
+        done = run_in_home(home, *command)
         if done.returncode:
             sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
 
@@ -209,10 +195,10 @@ def main() -> None:
         try:
             for _ in range(args.repeats):  # interleaved, so load changes hit all alike
                 runs["ours"].append(ours(args.smoke))
-                runs["warm"].append(ours_on_warm_services(Path(home), args.smoke))
+                runs["warm"].append(_ours_in(Path(home), args.smoke, on_warm_services=True))
                 runs["ray"].append(ray_tune(python, args.smoke))
         finally:
-            _in_home(Path(home), "infra.warm_home", "stop")
+            run_in_home(Path(home), "infra.warm_home", "stop")
     load_end = os.getloadavg()
     med = {
         k: {m: statistics.median(r[m] for r in rs) for m in rs[0] if m in TIMES}

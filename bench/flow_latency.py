@@ -59,18 +59,26 @@ def _no_server_env(home: Path) -> dict[str, str]:
     }
 
 
+def run_in_home(
+    home: Path, *module_args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` in ``home`` with no servers configured (``_no_server_env``),
+    this checkout importable, and ``env`` added; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", *module_args],
+        cwd=home,
+        env={**_no_server_env(home), "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+    )
+
+
 def run_flow(config: Path, overrides: list[str]) -> tuple[float, str]:
     """`python -m flows.experiment CONFIG ...` with no servers configured: its wall seconds
     and its stdout (the summary JSON, nothing else); exits with its stderr if it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "flows.experiment", str(config), *overrides],
-            cwd=tmp,
-            env={**_no_server_env(Path(tmp)), "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-        )
+        done = run_in_home(Path(tmp), "flows.experiment", str(config), *overrides)
         wall = time.perf_counter() - t0
     if done.returncode:
         sys.exit(f"the flow failed ({done.returncode}):\n{done.stderr[-4000:]}")

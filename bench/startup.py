@@ -29,7 +29,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.flow_latency import _no_server_env
+from bench.flow_latency import run_in_home
 from flows.embedded import PRESTART_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,15 +61,10 @@ def _clock(text: str, day: datetime) -> float:
 def run_once(home: Path, prestart: bool = True) -> dict[str, float]:
     """One whole command in ``home``; its wall and phases in seconds. ``prestart=False``:
     Prefect starts its ephemeral server itself (the behaviour before issue 24)."""
-    env = {**_no_server_env(home), "PYTHONPATH": str(ROOT), PRESTART_ENV: str(int(prestart))}
     t0 = time.time()
     day = datetime.now()
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.experiment", str(CONFIG), *ONE_BATCH],
-        cwd=home,
-        env=env,
-        capture_output=True,
-        text=True,
+    done = run_in_home(
+        home, "flows.experiment", str(CONFIG), *ONE_BATCH, env={PRESTART_ENV: str(int(prestart))}
     )
     t_end = time.time()
     if done.returncode:
@@ -103,13 +97,7 @@ def run_once(home: Path, prestart: bool = True) -> dict[str, float]:
 
 def _warm_services(home: Path, command: str) -> None:
     """``python -m infra.warm_home start|stop`` for ``home`` (as run_once sees it)."""
-    env = {**_no_server_env(home), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.warm_home", command],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = run_in_home(home, "infra.warm_home", command)
     if done.returncode:
         sys.exit(f"warm services {command} failed:\n{done.stderr[-4000:]}")
 

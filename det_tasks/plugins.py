@@ -4,18 +4,26 @@ subcommands."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from typing import Any
 
 __all__ = ["load_all", "load_one"]
 
 
+@functools.cache
+def _entries(group: str) -> tuple[importlib.metadata.EntryPoint, ...]:
+    """A group's entry points, listed once per process: listing scans every installed
+    distribution's metadata (12 ms here), and a warm worker looks one up per trial."""
+    return tuple(importlib.metadata.entry_points(group=group))
+
+
 def load_one(group: str, name: str) -> Any | None:
-    for entry in importlib.metadata.entry_points(group=group):
+    for entry in _entries(group):
         if entry.name == name:
             return entry.load()
     return None
 
 
 def load_all(group: str) -> dict[str, Any]:
-    return {e.name: e.load() for e in importlib.metadata.entry_points(group=group)}
+    return {e.name: e.load() for e in _entries(group)}

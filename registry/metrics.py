@@ -321,11 +321,16 @@ class MlflowMetricsSink:
         self._flushing.set()
         self._wake.set()
         try:
-            while time.monotonic() < deadline:
+            while True:
                 if self._drained():
                     return True
-                time.sleep(0.05)
-            return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # Woken the moment the sender marks itself idle (a 50 ms poll was most of a
+                # trial's end); a report enqueued meanwhile clears it again.
+                if self._idle.wait(min(remaining, 1.0)) and not self._drained():
+                    time.sleep(0.001)
         finally:
             self._flushing.clear()
 

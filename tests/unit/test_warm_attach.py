@@ -27,16 +27,23 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
+SETTINGS = ("PREFECT_", "MLFLOW_", "DET_TASKS_")
+
+
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A home with no user settings that could choose a server or a store."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A home with no user settings that could choose a server or a store; what attaching
+    set is removed afterwards (monkeypatch only restores what it changed itself), so no
+    later test records to this home."""
     for name in list(os.environ):
-        if name.startswith(("PREFECT_", "MLFLOW_", "DET_TASKS_")):
+        if name.startswith(SETTINGS):
             monkeypatch.delenv(name)
     monkeypatch.setenv("DET_TASKS_HOME", str(tmp_path / "det"))
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.chdir(tmp_path)
-    return tmp_path / "det"
+    yield tmp_path / "det"
+    for name in [n for n in os.environ if n.startswith(SETTINGS)]:
+        del os.environ[name]  # then monkeypatch puts back what it found
 
 
 @pytest.fixture

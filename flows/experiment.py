@@ -116,18 +116,12 @@ from flows.stopping import StopControl
 from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
 from registry.packages import fetch_package
-from registry.run_states import (
-    end_orphans,
-    end_running_runs,
-    finish_completed_trials,
-    record_failure,
-)
+from registry.run_states import end_orphans, end_running_runs, record_failure
 from registry.s3 import LazyClient
 from registry.searcher_state import load_searcher_state
 from registry.services import finish_experiment
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, mlflow_link
-from registry.trial_states import COMPLETED
 
 __all__ = ["experiment", "worker_count"]
 
@@ -257,9 +251,6 @@ def _run_experiment(
         trials.wait_releases()
     if released:
         logger.info("released %d held trial(s)", released)
-    completed = {str(t) for t, row in table.rows.items() if row.state == COMPLETED}
-    if finish_completed_trials(runs.client, runs.experiment_id, runs.parent_run_id, completed):
-        logger.warning("ended the runs of completed trials whose worker went away ending them")
     table.publish()
     if stop.mode is not None:
         return _stopped(stop, runs, config_path, run_key)

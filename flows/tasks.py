@@ -151,7 +151,7 @@ def checkpoint(
 
 def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> None:
     how = "warm" if result.warm else f"restored from {result.restored_from or 'batch 0'}"
-    ended = "; its run ends on the worker" if result.ending else ""
+    ended = f"; trial ended in {result.end_seconds:.3f} s" if result.end_seconds is not None else ""
     get_run_logger().info(
         "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s%s)%s",
         trial.spec.trial_id,

@@ -29,7 +29,6 @@ import dataclasses
 import gc
 import hashlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -60,8 +59,6 @@ from flows.worker_heap import DASK_TRIM_ENV, DASK_TRIM_THRESHOLD, reuse_freed_me
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
-
-_logger = logging.getLogger(__name__)
 
 __all__ = [
     "PLUGIN_NAME",
@@ -129,10 +126,9 @@ class StepResult:
     invalid_hp: str | None = None  # the trial raised det.InvalidHP: the searcher drops it
     preempted: str | None = None  # a train step cut short by request_stop: its mode
     recycle_due: bool = False  # the worker holds nothing and has built its share of trials
-    # A step that ended its trial (release_after): the trial's end (its MLflow run ended,
-    # metrics flushed, checkpoints collected, memory freed) goes on on the worker after this
-    # result; the worker's next step, and release_all, wait for it.
-    ending: bool = False
+    # A step that ended its trial (release_after): the trial's end after the work (its MLflow
+    # run ended, metrics flushed, checkpoints collected, memory freed), in seconds.
+    end_seconds: float | None = None
 
 
 def resume_candidates(
@@ -173,20 +169,16 @@ class HeldTrialPlugin(WorkerPlugin):
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
-        self.ending: threading.Thread | None = None  # a released trial's end, still going
 
     def __getstate__(self) -> dict[str, Any]:
-        """Sent to each worker by the client: everything but the (per-process) event and
-        thread."""
+        """Sent to each worker by the client: everything but the (per-process) event."""
         state = dict(self.__dict__)
         state.pop("preemption", None)
-        state.pop("ending", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.preemption = threading.Event()
-        self.ending = None
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
@@ -197,7 +189,7 @@ class HeldTrialPlugin(WorkerPlugin):
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
 
     def teardown(self, worker: Worker) -> None:
-        self.release()  # after the end still going, if any
+        self.release()
         for model in self.packages.values():
             shutil.rmtree(model.parent, ignore_errors=True)
 
@@ -222,46 +214,10 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def release(self, error: BaseException | None = None) -> None:
         """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
-        self.settle()
-        held, self.held = self.held, None
-        self.preemption.clear()
-        if held is not None:
-            self._end([held], error)
-
-    def release_in_background(self, error: BaseException | None = None) -> None:
-        """``release``, with the trial's end on a thread of its own: the step that ended
-        the trial returns its result first (the end was 100-150 ms of a loaded worker's last
-        checkpoint step), and the flow places the next step while the end runs. Every later
-        use of this plugin settles it first."""
-        self.settle()
         held, self.held = self.held, None
         self.preemption.clear()
         if held is None:
             return
-        # Handed over in a list the thread empties: a Thread keeps its args until it
-        # finishes, which would keep the trial alive through the collection below.
-        self.ending = threading.Thread(
-            target=self._end_logged, args=([held], error), name="trial-end", daemon=True
-        )
-        del held
-        self.ending.start()
-
-    def settle(self) -> None:
-        """Wait for a trial's end still going on its thread."""
-        ending, self.ending = self.ending, None
-        if ending is not None:
-            ending.join()
-
-    def _end_logged(self, holder: list[HeldTrial], error: BaseException | None) -> None:
-        key = holder[0].spec.key
-        try:
-            self._end(holder, error)
-        except Exception:  # nobody waits for this thread's result: say it where it happened
-            _logger.exception("ending trial %s failed; its MLflow run may still be RUNNING", key)
-
-    @staticmethod
-    def _end(holder: list[HeldTrial], error: BaseException | None) -> None:
-        held = holder.pop()
         try:
             held.close(error)
         finally:
@@ -327,7 +283,6 @@ def _run_step(request: StepRequest) -> StepResult:
             f"worker {worker.address} has no {PLUGIN_NAME!r} plugin: connect through "
             "flows.engine.dask_client(), which registers it"
         )
-    plugin.settle()  # the previous trial's end, if it is still going
     started = time.perf_counter()
     spec = plugin.local_spec(request)
     if request.kind == "release":
@@ -382,8 +337,13 @@ def _run_step(request: StepRequest) -> StepResult:
         plugin.release(err)
         raise
     if request.release_after:
-        plugin.release_in_background(_stopped(request))
-        return dataclasses.replace(result, recycle_due=plugin.recycle_due, ending=True)
+        ending = time.perf_counter()
+        plugin.release(_stopped(request))
+        return dataclasses.replace(
+            result,
+            recycle_due=plugin.recycle_due,
+            end_seconds=round(time.perf_counter() - ending, 4),
+        )
     return result
 
 
@@ -447,10 +407,7 @@ def release_all(
     of an experiment): any, or only ``experiment_key``'s; ``stopped_as`` ends its run KILLED
     with that state. Returns the number released."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if not isinstance(plugin, HeldTrialPlugin):
-        return 0
-    plugin.settle()  # a trial still ending: its run is ended when this returns
-    if plugin.held is None:
+    if not isinstance(plugin, HeldTrialPlugin) or plugin.held is None:
         return 0
     if experiment_key is not None and plugin.held.spec.experiment_run_key != experiment_key:
         return 0

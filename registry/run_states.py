@@ -24,13 +24,11 @@ from registry.tracking import (
     _retry,
     client_for,
 )
-from registry.trial_states import COMPLETED
 
 __all__ = [
     "ORPHAN_AFTER_S",
     "end_orphans",
     "end_running_runs",
-    "finish_completed_trials",
     "heartbeat",
     "record_failure",
     "mark_experiment_state",
@@ -64,28 +62,6 @@ def end_running_runs(
         client.set_tag(run_id, STATE_TAG, state)
         _retry(lambda rid=run_id: client.set_terminated(rid, status=status))
         ended += 1
-    return ended
-
-
-def finish_completed_trials(
-    client: Any, experiment_id: str, parent_run_id: str, trial_ids: set[str]
-) -> int:
-    """End FINISHED (``det.state`` COMPLETED) the runs of ``trial_ids`` still RUNNING: the
-    trials completed, but the worker ending their runs went away first. Returns how many
-    it ended."""
-    if not trial_ids:
-        return 0
-    running = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'",
-        max_results=10000,
-    )
-    ended = 0
-    for run in running:
-        if run.data.tags.get(TRIAL_TAG) in trial_ids:
-            client.set_tag(run.info.run_id, STATE_TAG, COMPLETED)
-            _retry(lambda rid=run.info.run_id: client.set_terminated(rid, status="FINISHED"))
-            ended += 1
     return ended
 
 

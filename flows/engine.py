@@ -33,6 +33,7 @@ import psutil
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
 from distributed.utils import get_mp_context
 
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process
 from det_tasks.errors import ConfigError
 from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
@@ -200,17 +201,21 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
         _warm_forkserver()
         gpus = gpu_count()
         if gpus:
+            groups = gpu_groups(gpus, gpu_slots, max(1, n_workers))
             workers = {
                 f"gpu-{'-'.join(map(str, group))}": {
                     "cls": Nanny,
                     "options": {
                         "nthreads": 1,
                         "memory_limit": NO_MEMORY_LIMIT,
-                        "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, group))},
+                        "env": {
+                            "CUDA_VISIBLE_DEVICES": ",".join(map(str, group)),
+                            WORKER_THREADS_ENV: str(threads_per_process(len(groups))),
+                        },
                         "resources": {"GPU": len(group)},
                     },
                 }
-                for group in gpu_groups(gpus, gpu_slots, max(1, n_workers))
+                for group in groups
             }
             scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "port": port}}
             with SpecCluster(workers=workers, scheduler=scheduler) as cluster:
@@ -226,6 +231,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             # Shutdown races (a worker's last heartbeat to a closed scheduler) are not the
             # user's business; a failing step still raises in the flow, naming its error.
             silence_logs=logging.CRITICAL,
+            # The host's cores shared out between the workers (Dask's Nanny gives each one
+            # thread, which left a lone trial on half of a 2-core host).
+            env={WORKER_THREADS_ENV: str(threads_per_process(max(1, n_workers)))},
         ) as cluster:
             yield cluster
 

@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process
 from infra.services import Service
 
 __all__ = [
@@ -65,10 +66,12 @@ def worker_service(
     workdir: Path | None = None,
     env: dict[str, str] | None = None,
     gpus: list[int] | None = None,
+    threads: int = 1,
 ) -> Service:
     """One worker process (one trial at a time) joined to ``scheduler``, running in
-    ``workdir`` (its own folder, as on another host) with ``env`` added; with ``gpus`` it
-    sees only those GPUs and advertises them as the Dask resource ``GPU`` (flows.devices)."""
+    ``workdir`` (its own folder, as on another host) with ``env`` added, its trials training
+    on ``threads`` CPU threads; with ``gpus`` it sees only those GPUs and advertises them as
+    the Dask resource ``GPU`` (flows.devices)."""
     folder = workdir or root / name
     folder.mkdir(parents=True, exist_ok=True)
     own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
@@ -90,6 +93,7 @@ def worker_service(
         env={
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
+            WORKER_THREADS_ENV: str(threads),
             **(env or {}),
             **own_gpus,
         },
@@ -102,7 +106,11 @@ def worker_service(
 def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Service]:
     """``DET_TASKS_DASK_WORKERS`` (default 2) workers of this host."""
     count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
-    return [worker_service(root, scheduler, f"dask-worker-{i}", env=env) for i in range(count)]
+    threads = threads_per_process(count)
+    return [
+        worker_service(root, scheduler, f"dask-worker-{i}", env=env, threads=threads)
+        for i in range(count)
+    ]
 
 
 def registered_workers(scheduler: str, timeout_s: float = 3.0) -> set[str]:

@@ -26,6 +26,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+from det_tasks.cpu_threads import threads_per_process
 from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
@@ -102,7 +103,12 @@ def services(
     prefix = "dask-worker-gpu" if gpus_per_worker else "dask-worker-"
     pool = [
         dask_cluster.worker_service(
-            root, address, f"{prefix}{i}", env=env, gpus=[i] if gpus_per_worker else None
+            root,
+            address,
+            f"{prefix}{i}",
+            env=env,
+            gpus=[i] if gpus_per_worker else None,
+            threads=threads_per_process(workers),
         )
         for i in range(workers)
     ]

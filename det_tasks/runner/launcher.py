@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from det_tasks.cpu_threads import threads_per_process
 from det_tasks.errors import ConfigError
 
 __all__ = [
@@ -55,10 +56,6 @@ def resolve_backend(requested: str) -> str:
             "`make horovod` (builds and caches it), or set distributed_backend: torch"
         )
     return requested
-
-
-def _threads_per_worker(slots: int) -> int:
-    return max((os.cpu_count() or 1) // slots, 1)
 
 
 def launch_command(
@@ -96,7 +93,7 @@ def launch_command(
 def worker_env(slots: int, backend: str) -> dict[str, str]:
     """The environment the workers start with: threads split across them, the backend."""
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(_threads_per_worker(slots)))
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(slots)))
     env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
     return env
 

@@ -162,3 +162,18 @@ def test_entrypoint_errors_fail_before_anything_starts(
     # Nothing was started: no MLflow store, no Prefect database in the home.
     assert not (tmp_path / "det" / "mlflow.db").exists()
     assert not (tmp_path / "prefect" / "prefect.db").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_embedded_workers_train_on_their_share_of_the_cores(workers: int) -> None:
+    """Dask's Nanny gives each worker one thread; a lone worker gets every core."""
+    from flows.engine import background_cluster, dask_client
+
+    def torch_threads() -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    with background_cluster(workers), dask_client(workers) as client:
+        threads = client.run(torch_threads)
+    assert sorted(threads.values()) == [max((os.cpu_count() or 1) // workers, 1)] * workers

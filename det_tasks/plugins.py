@@ -14,7 +14,8 @@ __all__ = ["load_all", "load_one"]
 @functools.cache
 def _entries(group: str) -> tuple[importlib.metadata.EntryPoint, ...]:
     """A group's entry points, listed once per process: listing scans every installed
-    distribution's metadata (12 ms here), and a warm worker looks one up per trial."""
+    distribution's metadata (12 ms here), and a warm worker looks one up per trial. A plugin
+    installed later is seen by processes started after it (restart warm workers)."""
     return tuple(importlib.metadata.entry_points(group=group))
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "embedded_cluster",
     "recycle",
     "release_everywhere",
+    "CLIENT_SEND_INTERVAL_S",
     "send_promptly",
     "stop_everywhere",
     "submit_step",

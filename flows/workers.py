@@ -43,7 +43,7 @@ from typing import Any
 
 from distributed import Worker, WorkerPlugin, get_worker
 
-from det_tasks.cpu_threads import WORKER_THREADS_ENV
+from det_tasks.cpu_threads import worker_threads
 from det_tasks.errors import (
     EXIT_INVALID_HP,
     ConfigError,
@@ -170,6 +170,7 @@ class HeldTrialPlugin(WorkerPlugin):
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
+        self.threads: int | None = None  # this worker's CPU threads (set up on the worker)
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to each worker by the client: everything but the (per-process) event."""
@@ -186,11 +187,8 @@ class HeldTrialPlugin(WorkerPlugin):
         # Dask's Nanny gives every worker OMP_NUM_THREADS=1; whoever started the worker says
         # how many cores it may train on (a lone worker on 2 cores trained the MNIST CNN
         # 1.45x slower on one thread).
-        threads = os.environ.get(WORKER_THREADS_ENV)
-        if threads:
-            import torch
-
-            torch.set_num_threads(int(threads))
+        self.threads = worker_threads()
+        self.apply_threads()
         # A terminal's Ctrl-C reaches the whole process group, embedded workers included;
         # the flow decides how its trials stop (checkpoint first), so workers ignore it.
         with contextlib.suppress(ValueError):  # not the main thread: nothing to change
@@ -212,6 +210,7 @@ class HeldTrialPlugin(WorkerPlugin):
         ):
             return held, True
         self.release()
+        self.apply_threads()
         resume = resume_candidates(
             request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
         )
@@ -239,6 +238,14 @@ class HeldTrialPlugin(WorkerPlugin):
             # was imported before fork the same way).
             gc.freeze()
             _empty_cuda_cache()
+
+    def apply_threads(self) -> None:
+        """Train on this worker's share of the cores (again for each new trial: a trial's
+        own ``torch.set_num_threads`` must not carry over to the next)."""
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
 
     @property
     def recycle_due(self) -> bool:
@@ -469,6 +476,8 @@ def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: flo
         for item in spec.overrides:
             cmd += ["--param", item]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if share := worker_threads():  # not the Nanny's OMP_NUM_THREADS=1
+            env["OMP_NUM_THREADS"] = str(share)
         # A plain process for the segment, not one with Dask's malloc setting (see run_step).
         if env.get(DASK_TRIM_ENV) == DASK_TRIM_THRESHOLD:
             del env[DASK_TRIM_ENV]

@@ -324,6 +324,8 @@ class MlflowMetricsSink:
             while True:
                 if self._drained():
                     return True
+                if not self._thread.is_alive():  # the sender died: nothing will drain
+                    return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -7,6 +7,7 @@ artifact root in the no-server embedded mode) and then works on the filesystem."
 from __future__ import annotations
 
 import os
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -179,12 +180,16 @@ class LazyClient:
     def __init__(self, endpoint_url: str | None = None) -> None:
         self._endpoint_url = endpoint_url
         self._client: Any = None
+        # A checkpoint's first upload uses it from several threads at once: one builds it.
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # not set yet (a copy or unpickling): not the client's
             raise AttributeError(name)
         if self._client is None:
-            self._client = client(self._endpoint_url)
+            with self._lock:
+                if self._client is None:
+                    self._client = client(self._endpoint_url)
         return getattr(self._client, name)
 
 

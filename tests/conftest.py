@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import signal
 from types import FrameType
+from typing import Any
 
 import pytest
+
+_PREVIOUS = pytest.StashKey[Any]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,6 +22,14 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        # A second SIGTERM must not cut the teardown short (SIGKILL still ends it).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt("SIGTERM")
 
-    signal.signal(signal.SIGTERM, interrupt)
+    config.stash[_PREVIOUS] = signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(_PREVIOUS, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

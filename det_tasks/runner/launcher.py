@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from det_tasks.cpu_threads import threads_per_process
+from det_tasks.cpu_threads import threads_per_process, worker_threads
 from det_tasks.errors import ConfigError
 
 __all__ = [
@@ -91,9 +91,15 @@ def launch_command(
 
 
 def worker_env(slots: int, backend: str) -> dict[str, str]:
-    """The environment the workers start with: threads split across them, the backend."""
+    """The environment the workers start with: threads split across them, the backend.
+    Inside a warm Dask worker its share of the cores is split (Dask's Nanny set
+    OMP_NUM_THREADS=1 for the worker itself, not the user)."""
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(slots)))
+    share = worker_threads()
+    if share is not None:
+        env["OMP_NUM_THREADS"] = str(threads_per_process(slots, share))
+    else:
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_process(slots)))
     env["DET_TASKS_DISTRIBUTED_BACKEND"] = backend
     return env
 

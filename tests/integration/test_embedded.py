@@ -166,8 +166,10 @@ def test_entrypoint_errors_fail_before_anything_starts(
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_embedded_workers_train_on_their_share_of_the_cores(workers: int) -> None:
-    """Dask's Nanny gives each worker one thread; a lone worker gets every core."""
-    from flows.engine import background_cluster, dask_client
+    """Dask's Nanny gives each worker one thread; a lone worker gets every core. Asked on the
+    thread steps run on (the executor's), through the flow's client."""
+    from det_tasks.cpu_threads import available_cores
+    from flows.engine import CLIENT_SEND_INTERVAL_S, background_cluster, dask_client
 
     def torch_threads() -> int:
         import torch
@@ -175,5 +177,9 @@ def test_embedded_workers_train_on_their_share_of_the_cores(workers: int) -> Non
         return torch.get_num_threads()
 
     with background_cluster(workers), dask_client(workers) as client:
-        threads = client.run(torch_threads)
-    assert sorted(threads.values()) == [max((os.cpu_count() or 1) // workers, 1)] * workers
+        addresses = list(client.scheduler_info()["workers"])
+        threads = [
+            client.submit(torch_threads, workers=[a], pure=False).result() for a in addresses
+        ]
+        assert client.scheduler_comm.interval == CLIENT_SEND_INTERVAL_S
+    assert threads == [max(available_cores() // workers, 1)] * workers

@@ -9,8 +9,8 @@ one run (issue 14, target row 2: our wall <= Ray Tune's).
   class (same CNN, digits data, space, 16 trials), ``ASHAScheduler(time_attr="batches",
   max_t=200, grace_period=12, reduction_factor=4)`` (rungs 12/48/192), 2 trials at a time
   on ``ray.init(num_cpus=2)``, a full validation and a model + optimizer checkpoint at each
-  report (the rungs and batch 200), ``torch.set_num_threads(1)`` per trial (our Dask
-  workers run one thread each: ``threads_per_worker=1``, ``OMP_NUM_THREADS=1``).
+  report (the rungs and batch 200), each trial on half of the cores, as each of our
+  two Dask workers (``det_tasks.cpu_threads``; one thread each on a 2-core host).
   Timed as the whole process, from before ``ray.init`` and after it (the issue's 53 s).
 
 - ours on warm services: the same command in a home whose warm services are up

@@ -45,9 +45,11 @@ def train_mnist(config: dict[str, Any]) -> None:
     compat.install()  # model_def imports `determined`
     import model_def
 
-    # One intra-op thread per trial, two trials on two cores: what the project's Dask
-    # workers get (threads_per_worker=1, OMP_NUM_THREADS=1 from Dask's nanny).
-    torch.set_num_threads(1)
+    # Two trials at a time, each on half of the cores: what each of the project's two Dask
+    # workers gets (det_tasks.cpu_threads; one thread each on this 2-core VM).
+    from det_tasks.cpu_threads import threads_per_process
+
+    torch.set_num_threads(threads_per_process(2))
     points = config["report_points"]
     hparams = {k: v for k, v in config.items() if k != "report_points"}
     seed = zlib.crc32(tune.get_context().get_trial_id().encode()) % 2**31

@@ -2,11 +2,11 @@
 
 - ``dask_client(n)`` connects to the scheduler named by ``DET_TASKS_DASK_SCHEDULER``
   (``tcp://host:8786``: one experiment then uses every worker of that cluster, on any number
-  of hosts), or starts an embedded ``LocalCluster`` of ``n`` single-threaded worker
-  processes for this flow run. On a host with GPUs the embedded cluster has one worker per
-  ``slots`` GPUs, each seeing only its own (``CUDA_VISIBLE_DEVICES``) and advertising them
-  as the Dask resource ``GPU``; steps then ask for ``GPU=slots``, so Dask, not lock files,
-  keeps two trials off one GPU.
+  of hosts), or starts an embedded ``LocalCluster`` of ``n`` worker processes for this
+  flow run, each training on its share of the cores (``det_tasks.cpu_threads``). On a
+  host with GPUs the embedded cluster has one worker per ``slots`` GPUs, each seeing only
+  its own (``CUDA_VISIBLE_DEVICES``) and advertising them as the Dask resource ``GPU``;
+  steps then ask for ``GPU=slots``, so Dask, not lock files, keeps two trials off one GPU.
 - ``submit_step`` runs one position-addressed step (``flows.workers.run_step``) on a
   worker; ``Placement`` keeps a trial's steps on the worker that holds it in memory (Dask
   worker restrictions, loose: if that worker is gone Dask runs the step elsewhere and the
@@ -33,7 +33,7 @@ import psutil
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
 from distributed.utils import get_mp_context
 
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process, worker_threads
 from det_tasks.errors import ConfigError
 from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
@@ -183,7 +183,7 @@ def workers_that_fit(n_workers: int) -> int:
 
 @contextlib.contextmanager
 def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Iterator[Any]:
-    """A cluster of ``n_workers`` single-threaded worker processes on this host, its
+    """A cluster of ``n_workers`` worker processes on this host (one step at a time each), its
     scheduler on ``port`` (0: any free port); see the module docstring for GPU hosts."""
     logging.getLogger("distributed").setLevel(logging.WARNING)
     # When a flow stops early, each nanny logs that it had to kill its busy worker: one
@@ -211,7 +211,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
                         "memory_limit": NO_MEMORY_LIMIT,
                         "env": {
                             "CUDA_VISIBLE_DEVICES": ",".join(map(str, group)),
-                            WORKER_THREADS_ENV: str(threads_per_process(len(groups))),
+                            WORKER_THREADS_ENV: str(
+                                worker_threads() or threads_per_process(len(groups))
+                            ),
                         },
                         "resources": {"GPU": len(group)},
                     },
@@ -234,7 +236,10 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             silence_logs=logging.CRITICAL,
             # The host's cores shared out between the workers (Dask's Nanny gives each one
             # thread, which left a lone trial on half of a 2-core host).
-            env={WORKER_THREADS_ENV: str(threads_per_process(max(1, n_workers)))},
+            # A DET_TASKS_WORKER_THREADS of the user's own wins.
+            env={
+                WORKER_THREADS_ENV: str(worker_threads() or threads_per_process(max(1, n_workers)))
+            },
         ) as cluster:
             yield cluster
 

@@ -1,7 +1,8 @@
 """The stack's Dask cluster: a scheduler and warm worker processes that experiment flows run
 their trials on (``DET_TASKS_DASK_SCHEDULER`` in the stack's env points flows at it).
 
-Workers are started with Dask's own CLI (``dask worker``), one thread each, under a Nanny
+Workers are started with Dask's own CLI (``dask worker``), one step at a time each (their
+trials train on the host's cores shared out, ``DET_TASKS_WORKER_THREADS``), under a Nanny
 (it restarts a killed or recycled worker), importing torch, the harness and the MLflow/S3
 clients once at start (``--preload flows.workers``). ``worker_service`` also serves a worker
 on another machine: give it that machine's working directory and environment.
@@ -15,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process, worker_threads
 from infra.services import Service
 
 __all__ = [
@@ -106,7 +107,7 @@ def worker_service(
 def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Service]:
     """``DET_TASKS_DASK_WORKERS`` (default 2) workers of this host."""
     count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
-    threads = threads_per_process(count)
+    threads = worker_threads() or threads_per_process(count)  # the user's own setting wins
     return [
         worker_service(root, scheduler, f"dask-worker-{i}", env=env, threads=threads)
         for i in range(count)

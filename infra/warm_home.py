@@ -26,7 +26,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from det_tasks.cpu_threads import threads_per_process
+from det_tasks.cpu_threads import threads_per_process, worker_threads
 from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
@@ -108,7 +108,7 @@ def services(
             f"{prefix}{i}",
             env=env,
             gpus=[i] if gpus_per_worker else None,
-            threads=threads_per_process(workers),
+            threads=worker_threads() or threads_per_process(workers),
         )
         for i in range(workers)
     ]

@@ -27,7 +27,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-SETTINGS = ("PREFECT_", "MLFLOW_", "DET_TASKS_")
+SETTINGS = ("PREFECT_", "MLFLOW_", "DET_TASKS_", "AWS_")  # every recording setting's prefix
 
 
 @pytest.fixture

@@ -7,7 +7,13 @@ import os
 
 from det_tasks.errors import ConfigError
 
-__all__ = ["WORKER_THREADS_ENV", "available_cores", "threads_per_process", "worker_threads"]
+__all__ = [
+    "WORKER_THREADS_ENV",
+    "available_cores",
+    "threads_per_process",
+    "worker_share",
+    "worker_threads",
+]
 
 # The CPU threads a warm Dask worker's trials train on, set per worker by whoever starts it
 # (flows.engine's embedded cluster, infra.dask_cluster); unset: Dask's one thread.
@@ -48,3 +54,9 @@ def worker_threads() -> int | None:
             "number of at least 1 (the host's cores divided by its workers), or unset it"
         )
     return threads
+
+
+def worker_share(workers: int) -> int:
+    """The CPU threads each of ``workers`` warm workers started here trains on: a
+    ``DET_TASKS_WORKER_THREADS`` of the user's own, else the cores shared out."""
+    return worker_threads() or threads_per_process(workers)

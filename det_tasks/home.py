@@ -4,6 +4,7 @@ no-server mode's MLflow store and artifacts."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ __all__ = [
     "RECORDING_SETTINGS",
     "det_tasks_home",
     "no_server_recording",
+    "warm_record",
     "warm_services_file",
 ]
 
@@ -36,6 +38,18 @@ def warm_services_file() -> Path:
     """Where ``python -m infra.warm_home start`` records the warm Prefect server and Dask
     cluster it keeps for this home, and where an embedded run looks for them."""
     return det_tasks_home() / "warm" / "services.json"
+
+
+def warm_record() -> dict[str, str]:
+    """What ``python -m infra.warm_home start`` recorded, values as text; {} when there is
+    no record or it is not a JSON object (a stale or hand-edited file is no record)."""
+    try:
+        recorded = json.loads(warm_services_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    return {str(k): str(v) for k, v in recorded.items()}
 
 
 # The environment variables that decide where and how a trial records (registry.settings):

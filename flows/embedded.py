@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import importlib.util
-import json
 import os
 import signal
 import socket
@@ -30,7 +29,7 @@ from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
     no_server_recording,
-    warm_services_file,
+    warm_record,
 )
 
 __all__ = [
@@ -97,13 +96,8 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
         return None
     if _prefect_configured_elsewhere() or os.environ.get("DET_TASKS_DASK_SCHEDULER"):
         return None
-    try:
-        recorded = json.loads(warm_services_file().read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(recorded, dict) or not all(
-        isinstance(recorded.get(name), str) for name in _WARM_ADDRESSES + RECORDING_SETTINGS
-    ):
+    recorded = warm_record()
+    if not all(name in recorded for name in _WARM_ADDRESSES + RECORDING_SETTINGS):
         return None
     embedded_choices = no_server_recording(det_tasks_home())
     for name in RECORDING_SETTINGS:

@@ -33,7 +33,7 @@ import psutil
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, default_client
 from distributed.utils import get_mp_context
 
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process, worker_threads
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from det_tasks.errors import ConfigError
 from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
@@ -211,9 +211,7 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
                         "memory_limit": NO_MEMORY_LIMIT,
                         "env": {
                             "CUDA_VISIBLE_DEVICES": ",".join(map(str, group)),
-                            WORKER_THREADS_ENV: str(
-                                worker_threads() or threads_per_process(len(groups))
-                            ),
+                            WORKER_THREADS_ENV: str(worker_share(len(groups))),
                         },
                         "resources": {"GPU": len(group)},
                     },
@@ -236,10 +234,7 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             silence_logs=logging.CRITICAL,
             # The host's cores shared out between the workers (Dask's Nanny gives each one
             # thread, which left a lone trial on half of a 2-core host).
-            # A DET_TASKS_WORKER_THREADS of the user's own wins.
-            env={
-                WORKER_THREADS_ENV: str(worker_threads() or threads_per_process(max(1, n_workers)))
-            },
+            env={WORKER_THREADS_ENV: str(worker_share(max(1, n_workers)))},
         ) as cluster:
             yield cluster
 

@@ -170,7 +170,6 @@ class HeldTrialPlugin(WorkerPlugin):
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
-        self.threads: int | None = None  # this worker's CPU threads (set up on the worker)
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to each worker by the client: everything but the (per-process) event."""
@@ -184,11 +183,6 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
-        # Dask's Nanny gives every worker OMP_NUM_THREADS=1; whoever started the worker says
-        # how many cores it may train on (a lone worker on 2 cores trained the MNIST CNN
-        # 1.45x slower on one thread).
-        self.threads = worker_threads()
-        self.apply_threads()
         # A terminal's Ctrl-C reaches the whole process group, embedded workers included;
         # the flow decides how its trials stop (checkpoint first), so workers ignore it.
         with contextlib.suppress(ValueError):  # not the main thread: nothing to change
@@ -210,7 +204,7 @@ class HeldTrialPlugin(WorkerPlugin):
         ):
             return held, True
         self.release()
-        self.apply_threads()
+        _train_on_the_workers_share()
         resume = resume_candidates(
             request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
         )
@@ -238,14 +232,6 @@ class HeldTrialPlugin(WorkerPlugin):
             # was imported before fork the same way).
             gc.freeze()
             _empty_cuda_cache()
-
-    def apply_threads(self) -> None:
-        """Train on this worker's share of the cores (again for each new trial: a trial's
-        own ``torch.set_num_threads`` must not carry over to the next)."""
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
 
     @property
     def recycle_due(self) -> bool:
@@ -361,6 +347,18 @@ def _run_step(request: StepRequest) -> StepResult:
             end_seconds=round(time.perf_counter() - ending, 4),
         )
     return result
+
+
+def _train_on_the_workers_share() -> None:
+    """Dask's Nanny gives every worker OMP_NUM_THREADS=1; whoever started the worker says
+    how many cores its trials train on (a lone worker on 2 cores trained the MNIST CNN 1.45x
+    slower on one thread). Set for each new trial: a trial's own ``torch.set_num_threads``
+    must not carry over to the next."""
+    threads = worker_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> StepFailed:

@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process, worker_threads
+from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from infra.services import Service
 
 __all__ = [
@@ -107,7 +107,7 @@ def worker_service(
 def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Service]:
     """``DET_TASKS_DASK_WORKERS`` (default 2) workers of this host."""
     count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
-    threads = worker_threads() or threads_per_process(count)  # the user's own setting wins
+    threads = worker_share(count)
     return [
         worker_service(root, scheduler, f"dask-worker-{i}", env=env, threads=threads)
         for i in range(count)

@@ -47,7 +47,7 @@ class Service:
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 20.0
     cwd: Path | None = None  # working directory of the process (default: inherited)
-    # Variables of the starting process's environment the service must not inherit.
+    # Variables the service must not have, whether inherited or in ``env``.
     unset: tuple[str, ...] = ()
 
     @property
@@ -144,7 +144,7 @@ def _launch(service: Service) -> tuple[subprocess.Popen[bytes], float] | None:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**_inherited(service), **service.env},
+            env=_environment(service),
             cwd=service.cwd,
             start_new_session=True,
         )
@@ -213,8 +213,10 @@ def state_lines(states: Sequence[tuple[Service, str]]) -> list[str]:
     return [f"{service.name:16s} {state:5s} log: {service.logfile}" for service, state in states]
 
 
-def _inherited(service: Service) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in service.unset}
+def _environment(service: Service) -> dict[str, str]:
+    """This process's environment with the service's own added, less what it unsets."""
+    merged = {**os.environ, **service.env}
+    return {k: v for k, v in merged.items() if k not in service.unset}
 
 
 def _kill_group(leader: int) -> None:

@@ -383,9 +383,6 @@ def prefect_server_service(config: StackConfig) -> Service:
         or (f"sqlite+aiosqlite:///{config.root / 'prefect' / 'prefect.db'}")
     )
     env = {**_prefect_env(config), "PREFECT_API_DATABASE_CONNECTION_URL": database}
-    # The server must not think it is a client of itself: neither from the client settings
-    # above nor from a shell that points at a server (`source .stack/env`).
-    env.pop("PREFECT_API_URL")
     # The UI's own address for the API: Prefect builds it from its default port (4200),
     # not from --port, so on any other port the UI could not reach its server.
     env["PREFECT_SERVER_UI_API_URL"] = config.prefect_api
@@ -410,6 +407,8 @@ def prefect_server_service(config: StackConfig) -> Service:
         env=env,
         start_timeout_s=120,
         stop_timeout_s=15,
+        # The server must not think it is a client of itself: neither from the client
+        # settings above nor from a shell that points at a server (`source .stack/env`).
         unset=("PREFECT_API_URL",),
     )
 

@@ -26,11 +26,12 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from det_tasks.cpu_threads import threads_per_process, worker_threads
+from det_tasks.cpu_threads import worker_share
 from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
     no_server_recording,
+    warm_record,
     warm_services_file,
 )
 from infra import dask_cluster
@@ -68,15 +69,10 @@ def _root() -> Path:
 
 def _recorded() -> dict[str, str]:
     """What ``start`` recorded, or {} when there is no usable record."""
-    try:
-        recorded = json.loads(warm_services_file().read_text())
-    except (OSError, ValueError):
+    recorded = warm_record()
+    if not all(recorded.get(key, "").isdigit() for key in (*_PORTS, "workers", "gpus_per_worker")):
         return {}
-    if not isinstance(recorded, dict) or not all(
-        str(recorded.get(key, "")).isdigit() for key in (*_PORTS, "workers", "gpus_per_worker")
-    ):
-        return {}
-    return {str(k): str(v) for k, v in recorded.items()}
+    return recorded
 
 
 def _worker_settings(home: Path) -> dict[str, str]:
@@ -101,6 +97,7 @@ def services(
     address = dask_cluster.scheduler_address(dask_port)
     env = _worker_settings(det_tasks_home())
     prefix = "dask-worker-gpu" if gpus_per_worker else "dask-worker-"
+    threads = worker_share(workers)
     pool = [
         dask_cluster.worker_service(
             root,
@@ -108,7 +105,7 @@ def services(
             f"{prefix}{i}",
             env=env,
             gpus=[i] if gpus_per_worker else None,
-            threads=worker_threads() or threads_per_process(workers),
+            threads=threads,
         )
         for i in range(workers)
     ]

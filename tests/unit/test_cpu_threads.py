@@ -13,9 +13,7 @@ from infra.dask_cluster import worker_service, worker_services
 
 
 @pytest.mark.parametrize(("processes", "threads"), [(1, 8), (2, 4), (3, 2), (8, 1), (16, 1)])
-def test_the_cores_are_shared_out_at_least_one_each(
-    processes: int, threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_cores_are_shared_out_at_least_one_each(processes: int, threads: int) -> None:
     assert threads_per_process(processes, cores=8) == threads
 
 

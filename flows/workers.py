@@ -183,6 +183,8 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
+        # For whatever runs on this worker (batch-inference shards too), not only trials.
+        _train_on_the_workers_share()
         # A terminal's Ctrl-C reaches the whole process group, embedded workers included;
         # the flow decides how its trials stop (checkpoint first), so workers ignore it.
         with contextlib.suppress(ValueError):  # not the main thread: nothing to change

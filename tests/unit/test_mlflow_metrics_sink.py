@@ -1,6 +1,7 @@
 """The MLflow sink without a server: its retry rule against a fake client (steps its writer
 already stored are not re-sent, and only keys the run already holds cost a history
-request), and the log-batch body it writes."""
+request), its backlog spilled past the memory bound while the store fails, and the
+log-batch body it writes."""
 
 from __future__ import annotations
 
@@ -67,4 +68,80 @@ def test_the_log_batch_body_is_json_dumps_text_with_protobuf_spellings_of_nan_an
     assert [m["value"] for m in json.loads(sink._batch_json(odd))["metrics"]] == [
         "NaN", "Infinity", "-Infinity",
     ]  # fmt: skip
+    sink.close()
+
+
+class FlakyClient(FakeClient):
+    """A store whose first ``failures`` log_batch calls store half the batch and then fail,
+    as a request cut midway does; it records every point it stores, duplicates included."""
+
+    def __init__(self, failures: int, spill_dir: Path) -> None:
+        super().__init__({})
+        self.failures = failures
+        self.spill_dir = spill_dir
+        self.points: list[tuple[str, float, int, int]] = []
+        self.spilled_files_seen = 0
+
+    def get_run(self, run_id: str) -> Any:
+        latest = {key: 0.0 for key, _, _, _ in self.points}
+        return SimpleNamespace(data=SimpleNamespace(metrics=latest))
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        return [
+            SimpleNamespace(key=k, value=v, timestamp=t, step=s)
+            for k, v, t, s in self.points
+            if k == key
+        ]
+
+    def log_batch(self, run_id: str, metrics: list[Any]) -> None:
+        rows = [(m.key, m.value, m.timestamp, m.step) for m in metrics]
+        self.spilled_files_seen = max(
+            self.spilled_files_seen, len(list(self.spill_dir.glob("*.pkl")))
+        )
+        if self.failures:
+            self.failures -= 1
+            self.points += rows[: len(rows) // 2]
+            raise ConnectionError("cut midway")
+        self.points += rows
+
+
+def test_a_backlog_past_the_memory_bound_spills_in_order_and_every_point_is_stored_once(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("registry.metrics.CHUNK_POINTS", 20)  # 2 reports a chunk
+    spill = tmp_path / "spill"
+    client = FlakyClient(failures=2, spill_dir=spill)
+    sink = MlflowMetricsSink(
+        client,  # type: ignore[arg-type]
+        "run",
+        spill_dir=spill,
+        memory_limit=50,
+        flush_interval_s=0.01,
+        close_timeout_s=30,
+    )
+    for step in range(1, 301):
+        sink.report_training(step, {f"m{i}": step + i / 10 for i in range(10)})
+        sink.report_training(step, {"flag": True, "note": "not a number"})  # no points
+    sink.close()
+    assert sorted(client.points) == sorted(set(client.points))  # none stored twice
+    stored = {(k, s): v for k, v, _, s in client.points}
+    assert stored == {
+        (f"training/m{i}", step): step + i / 10 for step in range(1, 301) for i in range(10)
+    }
+    assert client.spilled_files_seen > 0  # the bound was crossed while the store failed
+    assert list(spill.iterdir()) == []  # each spilled chunk was read back and removed
+    assert len(client.points) == 3000 and sink.failures == 2
+
+
+def test_plain_and_escaped_keys_in_one_batch_give_the_json_dumps_text(tmp_path: Path) -> None:
+    sink = MlflowMetricsSink(FakeClient({}), "run-2", spill_dir=tmp_path)  # type: ignore[arg-type]
+    sink.report_training(1, {"loss": 0.5, 'odd"key': 1.5, "naïve": 2.0})
+    points = sink._points(("training", 1, 7, {"loss": 0.5, 'odd"key': 1.5, "naïve": 2.0}))
+    as_dicts = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in points]
+    expected = json.dumps({"run_id": "run-2", "metrics": as_dicts})
+    assert sink._batch_json(points) == expected  # escaped keys: the per-point path
+    plain = [p for p in points if p[0] == "training/loss"]
+    assert sink._batch_json(plain) == json.dumps(  # plain keys, finite values: the fast path
+        {"run_id": "run-2", "metrics": [as_dicts[0]]}
+    )
     sink.close()

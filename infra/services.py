@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Service",
@@ -193,6 +196,12 @@ def stop_all(services: Sequence[Service]) -> list[bool]:
             if not _group_alive(leader):
                 service.pidfile.unlink(missing_ok=True)
             elif time.monotonic() >= deadline:
+                log.warning(
+                    "%s did not stop within %.0f s of SIGTERM; killing it (log: %s)",
+                    service.name,
+                    service.stop_timeout_s,
+                    service.logfile,
+                )
                 _kill_group(leader)
                 service.pidfile.unlink(missing_ok=True)
             else:

@@ -3,7 +3,6 @@ project's own infra/ code on ports of its own, and stopped at the end."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.stack import StackConfig, down, mlflow_service, up
-from tests.integration.helpers import isolated_stack_config
+from tests.integration.helpers import environment, isolated_stack_config
 
 
 @pytest.fixture(scope="session")
@@ -19,24 +18,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     pytest.importorskip("mlflow", reason="the platform extra is not installed")
     root = tmp_path_factory.mktemp("stack")
     config = isolated_stack_config(root)
-    saved = dict(os.environ)
     try:
         env = up(config)
     except BaseException:
         down(config)  # whatever did start must not outlive the session
         raise
-    os.environ.update(env)
-    os.environ["DET_TASKS_CACHE_DIR"] = str(root / "cache")
-    os.environ["PREFECT_HOME"] = str(root / "prefect-client")
-    _reload_prefect_settings()
     try:
-        yield config
+        with environment(
+            **env,
+            DET_TASKS_CACHE_DIR=str(root / "cache"),
+            PREFECT_HOME=str(root / "prefect-client"),
+        ):
+            _reload_prefect_settings()
+            try:
+                yield config
+            finally:
+                _flush_prefect_logs()
+                down(config)
     finally:
-        _flush_prefect_logs()
-        down(config)
-        os.environ.clear()
-        os.environ.update(saved)
-        _reload_prefect_settings()
+        _reload_prefect_settings()  # with the session's own environment back
 
 
 def _reload_prefect_settings() -> None:

@@ -1,6 +1,7 @@
 """What several integration tests share: the test stacks' ports, an environment that names
-no platform service (and one with a home of its own), a Ctrl-C midway through a run, and a
-quick `det-tasks run` of the flow tests' XOR trial."""
+no platform service (and one with a home of its own), this process's environment changed for
+a while and then put back whole, a Ctrl-C midway through a run, and a quick `det-tasks run`
+of the flow tests' XOR trial."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,23 @@ from infra.stack import StackConfig
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
 PLATFORM_PREFIXES = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
+
+
+@contextmanager
+def environment(replace: dict[str, str] | None = None, **changes: str) -> Iterator[None]:
+    """This process's environment with ``changes`` (or, given ``replace``, only that and the
+    changes) until the block ends; then exactly what it was, whatever the block set. For a
+    session fixture or part of a test, where monkeypatch's scope does not fit."""
+    saved = dict(os.environ)
+    try:
+        if replace is not None:
+            os.environ.clear()
+            os.environ.update(replace)
+        os.environ.update(changes)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def isolated_stack_config(root: Path, offset: int = 0, **settings: Any) -> StackConfig:

@@ -5,14 +5,13 @@ prints is the experiment, not Prefect's shutdown noise."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import env_without_platform
+from tests.integration.helpers import env_without_platform, environment
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
@@ -94,13 +93,8 @@ def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
         assert len({m.step for m in history}) == len(history)
 
     # The best checkpoint's bytes are in the local artifact directory and it loads back.
-    saved = dict(os.environ)
-    try:
-        os.environ.update(MLFLOW_TRACKING_URI=tracking_uri)
+    with environment(MLFLOW_TRACKING_URI=tracking_uri):
         trial = load_trial_from_checkpoint_path(summary["best"]["checkpoint"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     assert type(trial).__name__ == "XorTrial"
     uuid = summary["best"]["checkpoint"].rsplit("/", 1)[-1]
     stored = list((tmp_path / "det" / "artifacts").rglob(f"checkpoints/{uuid}/metadata.json"))

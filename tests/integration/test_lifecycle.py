@@ -6,7 +6,6 @@ stopped."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import ctrl_c_midway, home_env
+from tests.integration.helpers import ctrl_c_midway, environment, home_env
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
@@ -112,15 +111,11 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     )
     assert reference.returncode == 0, reference.stderr[-3000:]
     newest = max(reference_dir.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(home_env(tmp_path))
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db')}"
+    with environment(
+        replace=home_env(tmp_path),
+        MLFLOW_TRACKING_URI=f"sqlite:///{(tmp_path / 'det' / 'mlflow.db')}",
+    ):
         got = pytorch.load_trial_from_checkpoint_path(records[-1]["uri"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     want = pytorch.load_trial_from_checkpoint_path(str(newest.parent), trial_class=type(got))
     for a, b in zip(want.model.state_dict().values(), got.model.state_dict().values()):
         assert torch.equal(a, b)

@@ -527,13 +527,16 @@ def _dask_services(config: StackConfig) -> list[Service]:
 
 
 def down(config: StackConfig | None = None) -> None:
-    """Stop the stack: the Prefect worker first (no flow run starts on a vanishing stack),
-    then every other service side by side."""
+    """Stop the stack: the Prefect worker and the Dask workers first, side by side (no flow
+    run starts on a vanishing stack, and a worker's held trial ends, its last metrics and
+    run state stored, while MLflow and S3 are still up: stopped beside them, a worker waited
+    on them until it was KILLed), then the servers side by side."""
     config = config or StackConfig.from_env()
-    stop(prefect_worker_service(config))
-    services = [prefect_server_service(config), *reversed(_dask_services(config))]
-    services += [mlflow_service(config), seaweed_service(config)]
-    stop_all(services)
+    scheduler, *workers = _dask_services(config)
+    stop_all([prefect_worker_service(config), *workers])
+    stop_all(
+        [prefect_server_service(config), scheduler, mlflow_service(config), seaweed_service(config)]
+    )
     if config.postgres_port:  # after MLflow and Prefect have closed their connections
         stop(postgres.postgres_service(config.root, config.postgres_port))
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 __all__ = [
     "Service",
@@ -196,7 +196,7 @@ def stop_all(services: Sequence[Service]) -> list[bool]:
             if not _group_alive(leader):
                 service.pidfile.unlink(missing_ok=True)
             elif time.monotonic() >= deadline:
-                log.warning(
+                _logger.warning(
                     "%s did not stop within %.0f s of SIGTERM; killing it (log: %s)",
                     service.name,
                     service.stop_timeout_s,

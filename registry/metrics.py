@@ -7,8 +7,8 @@ sender takes the GIL a few times a second, not once per report, however often tr
 reports. Reports stay as they came until the batch that sends them is built: a training
 loop that reports faster than the server stores (50 metrics a batch, a thousand batches a
 second, against a server storing a few thousand points a second) leaves a backlog, and the
-sender spends its share of the GIL only on what it sends. Past a bound the backlog's
-newest reports are pickled to disk, in order. When the server is unreachable, batches wait
+sender spends its share of the GIL only on what it sends (registry.report_backlog keeps
+them, in order, spilling to disk past a bound). When the server is unreachable, batches wait
 and are retried with backoff; a batch whose request failed midway is first checked against
 the server's metric history, so a point the server did store is not sent twice.
 """
@@ -21,26 +21,25 @@ import json
 import logging
 import math
 import operator
-import pickle
 import threading
 import time
-import uuid as uuid_lib
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import _validate_metric_name
 
-from registry.rest_session import RETRYABLE_STATUS, RestSession
+from registry.report_backlog import Report, ReportBacklog, numeric_metrics
+from registry.rest_session import AUTH_STATUS, RETRYABLE_STATUS, RestSession
 
 __all__ = ["MlflowMetricsSink"]
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
-CHUNK_POINTS = 10 * MAX_BATCH  # the backlog's unit of spilling: about 10 requests' worth
 
 Point = tuple[str, float, int, int]  # key, value, timestamp (ms), step
-Report = tuple[str, int, int, dict[str, Any]]  # group, step, timestamp (ms), metrics
 _ROW = '{"key": %s, "value": %s, "timestamp": %d, "step": %d}'
 # A point whose key needs no JSON escaping and whose value is finite, formatted in one step:
 # the same text as _ROW with json.dumps(key) and _json_float(value).
@@ -60,11 +59,6 @@ def _json_float(value: float) -> str:
     if value in (math.inf, -math.inf):
         return '"Infinity"' if value > 0 else '"-Infinity"'
     return repr(value)
-
-
-def _is_number(value: Any) -> bool:
-    """What becomes a metric point: ints and floats (numpy's too), not bools."""
-    return type(value) is float or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 class _Batch:
@@ -101,21 +95,18 @@ class MlflowMetricsSink:
         # Reports wait here until the sender's next pass. Appending wakes nobody: a sender
         # woken per report would take the GIL from training thousands of times a second.
         self._inbox: collections.deque[Report] = collections.deque()
-        self._names: dict[str, dict[str, str]] = {}  # group -> key -> "group/key"
+        self._names: dict[str, dict[str, str | None]] = {}  # group -> key -> "group/key"
         # (group, the report's keys in order) -> their "group/key" names: a report whose
         # values are all floats becomes its points without a Python step per point.
-        self._report_names: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
+        self._report_names: dict[tuple[str, tuple[str, ...]], tuple[str, ...] | None] = {}
         self._key_json: dict[str, str] = {}  # "group/key" -> its JSON string literal
         self._plain_keys: set[str] = set()  # keys whose JSON literal is "key" unescaped
         self._wake = threading.Event()  # flush() and close(): do not wait out the interval
-        # The sender's queue, oldest first: chunks of reports, in memory or (a Path) pickled
-        # to disk. Only the batch being sent is turned into points.
-        self._backlog: collections.deque[collections.deque[Report] | Path] = collections.deque()
-        self._backlog_points = 0  # metrics held in memory in the backlog
+        # The sender's queue, oldest first; only the batch being sent is turned into points.
+        self._backlog = ReportBacklog(spill_dir, memory_limit)
         self._current: _Batch | None = None  # being sent; retried until the server has it
         self._carry: list[Point] = []  # a report's points beyond the current batch
         self._spill_dir = spill_dir
-        self._memory_limit = memory_limit
         self._flush_interval = flush_interval_s
         self._close_timeout = close_timeout_s
         self._closed = threading.Event()
@@ -156,36 +147,51 @@ class MlflowMetricsSink:
             self._idle.clear()
             now = int(time.time() * 1000)
             now += self._rank - now % self._ranks
-            self._inbox.append((group, step, now, metrics))
+            # A copy: the caller may reuse its dict, and this one waits until it is sent.
+            self._inbox.append((group, step, now, dict(metrics)))
 
     def _points(self, report: Report) -> list[Point]:
-        """The report's numeric values as points (bools and anything else are left out)."""
+        """The report's numeric values as points (bools and anything else are left out, as
+        are keys MLflow would refuse)."""
         group, step, now, metrics = report
         values = list(metrics.values())
         if set(map(type, values)) <= {float}:  # the common case, without a step per point
-            names = self._report_names.get((group, tuple(metrics)))
-            if names is None:
+            keys = tuple(metrics)
+            if (group, keys) in self._report_names:
+                names = self._report_names[(group, keys)]
+            else:
                 if len(self._report_names) > _NAME_CACHE_LIMIT:  # keys that change per report
                     self._report_names.clear()
-                names = tuple(self._name(group, k) for k in metrics)
-                self._report_names[(group, tuple(metrics))] = names
-            return list(zip(names, values, itertools.repeat(now), itertools.repeat(step)))
+                valid = [n for n in (self._name(group, k) for k in keys) if n is not None]
+                # None: a key MLflow refuses is among them; such reports take the slow path.
+                names = tuple(valid) if len(valid) == len(keys) else None
+                self._report_names[(group, keys)] = names
+            if names is not None:
+                return list(zip(names, values, itertools.repeat(now), itertools.repeat(step)))
         points: list[Point] = []
-        for k, v in metrics.items():
-            if _is_number(v):
-                points.append((self._name(group, k), float(v), now, step))
+        for k, v in numeric_metrics(metrics).items():
+            name = self._name(group, k)
+            if name is not None:
+                points.append((name, v, now, step))
         return points
 
-    def _name(self, group: str, key: str) -> str:
-        """ "group/key", built once per key, not once per report."""
+    def _name(self, group: str, key: str) -> str | None:
+        """ "group/key", built once per key, not once per report; None for a name MLflow
+        refuses (the server would refuse the whole batch it is in)."""
         names = self._names.get(group)
         if names is None:
             names = self._names[group] = {}
-        name = names.get(key)
-        if name is None:
-            name = names[key] = f"{group}/{key}"
-            if json.dumps(name) == f'"{name}"':
-                self._plain_keys.add(name)
+        if key in names:
+            return names[key]
+        name: str | None = f"{group}/{key}"
+        try:
+            _validate_metric_name(name)
+        except MlflowException as err:
+            log.error("metric %r is not recorded: %s", name, err.message)
+            name = None
+        names[key] = name
+        if name is not None and json.dumps(name) == f'"{name}"':
+            self._plain_keys.add(name)
         return name
 
     def _log_batch(self, metrics: list[Point]) -> bool:
@@ -204,10 +210,14 @@ class MlflowMetricsSink:
         )
         if response.ok:
             return True
-        if response.status_code in RETRYABLE_STATUS:
+        if response.status_code in AUTH_STATUS:
+            # Credentials can change under a long run (a rotated token): read them again.
+            self._rest.close()
+            self._rest = RestSession(str(self.client.tracking_uri))
+        if response.status_code in RETRYABLE_STATUS or response.status_code in AUTH_STATUS:
             response.raise_for_status()  # kept and retried, like an unreachable server
-        # The server refused the batch itself (a 4xx): sending it again gets the same answer
-        # and would hold up every later batch, so it is reported and dropped.
+        # The server refused the batch itself (any other 4xx): sending it again gets the same
+        # answer and would hold up every later batch, so it is reported and dropped.
         self.rejected_points += len(metrics)
         log.error(
             "MLflow refused %d metric points for run %s (HTTP %d): %s",
@@ -250,13 +260,17 @@ class MlflowMetricsSink:
                 # Coalesce: one pass per interval turns many reports into few requests.
                 self._wake.wait(timeout=self._flush_interval)
                 self._wake.clear()
-            self._absorb_inbox()
-            if self._has_work():
-                if self._send_one():
-                    backoff = 0.5
-                else:
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
+            try:
+                self._absorb_inbox()
+                sent = self._send_one() if self._has_work() else True
+            except Exception:  # a bug must not end the sender: what waits would never go
+                log.exception("the MLflow metrics sender failed; retrying")
+                sent = False
+            if sent:
+                backoff = 0.5
+            else:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
 
     def _mark_idle_if_drained(self) -> None:
         # Under the lock enqueue uses, so "idle" never hides a report that is in flight.
@@ -265,23 +279,10 @@ class MlflowMetricsSink:
                 self._idle.set()
 
     def _absorb_inbox(self) -> None:
-        """Every report enqueued so far onto the backlog, as they came, in chunks of about
-        CHUNK_POINTS metrics (the unit that can be spilled)."""
+        """Every report enqueued so far onto the backlog, as they came."""
         inbox = self._inbox
-        chunk: collections.deque[Report] = collections.deque()
-        held = 0
-        for _ in range(len(inbox)):  # reports appended meanwhile wait for the next pass
-            report = inbox.popleft()
-            chunk.append(report)
-            held += len(report[3])
-            if held >= CHUNK_POINTS:
-                self._backlog.append(chunk)
-                self._backlog_points += held
-                chunk, held = collections.deque(), 0
-        if chunk:
-            self._backlog.append(chunk)
-            self._backlog_points += held
-        self._spill_if_needed()
+        # Reports appended meanwhile wait for the next pass.
+        self._backlog.extend(inbox.popleft() for _ in range(len(inbox)))
 
     def _drained(self) -> bool:
         return not self._inbox and not self._has_work() and self._idle.is_set()
@@ -294,17 +295,8 @@ class MlflowMetricsSink:
         if self._current is not None:
             return self._current
         points, self._carry = self._carry, []
-        backlog = self._backlog
-        while len(points) < MAX_BATCH and backlog:
-            head = backlog[0]
-            if isinstance(head, Path):
-                head = backlog[0] = self._read_spilled(head)
-            while head and len(points) < MAX_BATCH:
-                report = head.popleft()
-                self._backlog_points -= len(report[3])
-                points.extend(self._points(report))
-            if not head:
-                backlog.popleft()
+        while len(points) < MAX_BATCH and (report := self._backlog.popleft()) is not None:
+            points.extend(self._points(report))
         self._carry = points[MAX_BATCH:]
         self._current = _Batch(points[:MAX_BATCH])
         return self._current
@@ -324,7 +316,7 @@ class MlflowMetricsSink:
             log.warning(
                 "MLflow unreachable (%s); about %d metric points waiting",
                 type(err).__name__,
-                len(batch.metrics) + len(self._carry) + self._backlog_points,
+                len(batch.metrics) + len(self._carry) + self._backlog.held_points,
             )
             return False
         self._current = None
@@ -377,42 +369,6 @@ class MlflowMetricsSink:
                 stored.add((m.key, m.value, m.timestamp, m.step))
         return [p for p in metrics if p not in stored]
 
-    def _spill_if_needed(self) -> None:
-        """Past the memory bound, the newest chunks in memory go to disk (they are needed
-        last); the oldest, which the next batches come from, stay. Pickled reports: the
-        sender reads its own files back, and a report's values may be any type (only
-        numeric ones become points, when sent)."""
-        for index in range(len(self._backlog) - 1, 0, -1):
-            if self._backlog_points <= self._memory_limit:
-                return
-            chunk = self._backlog[index]
-            if isinstance(chunk, Path):
-                continue
-            self._spill_dir.mkdir(parents=True, exist_ok=True)
-            path = self._spill_dir / f"{time.time_ns()}-{uuid_lib.uuid4().hex}.pkl"
-            self._write(path, chunk)
-            self._backlog[index] = path
-            self._backlog_points -= sum(len(report[3]) for report in chunk)
-
-    def _write(self, path: Path, chunk: collections.deque[Report]) -> None:
-        try:
-            data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # a value that does not pickle: keep what would be sent of it
-            numeric = collections.deque(
-                (group, step, now, {k: float(v) for k, v in metrics.items() if _is_number(v)})
-                for group, step, now, metrics in chunk
-            )
-            data = pickle.dumps(numeric, protocol=pickle.HIGHEST_PROTOCOL)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
-
-    def _read_spilled(self, path: Path) -> collections.deque[Report]:
-        chunk: collections.deque[Report] = pickle.loads(path.read_bytes())
-        path.unlink(missing_ok=True)
-        self._backlog_points += sum(len(report[3]) for report in chunk)
-        return chunk
-
     # ---- lifecycle ------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything enqueued so far has reached the server."""
@@ -447,7 +403,7 @@ class MlflowMetricsSink:
         if self._rest is not None and not self._thread.is_alive():
             self._rest.close()
         if not done:
-            waiting = len(self._carry) + self._backlog_points
+            waiting = len(self._carry) + self._backlog.held_points
             if self._current is not None:
                 waiting += len(self._current.metrics)
             log.error(
@@ -455,6 +411,6 @@ class MlflowMetricsSink:
                 "and %d chunks of reports on disk (spill directory %s)",
                 self._close_timeout,
                 waiting,
-                sum(isinstance(chunk, Path) for chunk in self._backlog),
+                self._backlog.spilled_chunks,
                 self._spill_dir,
             )

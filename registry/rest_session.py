@@ -20,11 +20,14 @@ from mlflow.utils.rest_utils import http_request
 from mlflow.utils.workspace_context import get_request_workspace
 from mlflow.utils.workspace_utils import WORKSPACE_HEADER_NAME
 
-__all__ = ["RETRYABLE_STATUS", "RestSession"]
+__all__ = ["AUTH_STATUS", "RETRYABLE_STATUS", "RestSession"]
 
-# What MLflow's own client retries: the server is overloaded, restarting or behind a proxy
-# that is. Any other non-2xx answer is the server refusing the request itself.
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+# Worth sending again: what MLflow's own client retries (a timeout, too many requests) and
+# any server-side error (overloaded, restarting, or a proxy in front that is). Any other
+# 4xx but the credential ones below is the server refusing the request itself.
+RETRYABLE_STATUS = frozenset({408, 429, *range(500, 600)})
+# Credentials refused: read them again (a rotated token) and retry.
+AUTH_STATUS = frozenset({401, 403, 407})
 
 
 class RestSession:
@@ -35,6 +38,10 @@ class RestSession:
         self._creds = get_default_host_creds(tracking_uri)
         self._host = self._creds.host.rstrip("/")
         self._timeout = timeout_s
+        self._redirects = os.environ.get("MLFLOW_ALLOW_HTTP_REDIRECTS", "true").lower() in (
+            "true",
+            "1",
+        )
         self._session: requests.Session | None = None
         if self._plain_credentials():
             self._session = self._build_session()
@@ -55,7 +62,13 @@ class RestSession:
         # included); trust_env off stops requests from re-reading them per request.
         session.proxies.update(requests.utils.get_environ_proxies(self._host))
         session.trust_env = False
-        session.verify = creds.verify
+        # What trust_env would have read per request, read once: a CA bundle named in the
+        # environment, and ~/.netrc credentials when MLflow's own settings give none.
+        verify = creds.verify
+        if verify is True:
+            bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+            verify = bundle or True
+        session.verify = verify
         if creds.client_cert_path is not None:
             session.cert = creds.client_cert_path
         headers = dict(resolve_request_headers())
@@ -70,6 +83,8 @@ class RestSession:
             headers["Authorization"] = "Basic " + basic.decode()
         elif creds.token:
             headers["Authorization"] = f"Bearer {creds.token}"
+        elif netrc := requests.utils.get_netrc_auth(self._host):
+            session.auth = netrc
         headers["Content-Type"] = "application/json"
         session.headers.update(headers)
         return session
@@ -88,7 +103,12 @@ class RestSession:
                 data=body,
                 extra_headers={"Content-Type": "application/json"},
             )
-        return self._session.post(self._host + endpoint, data=body, timeout=self._timeout)
+        return self._session.post(
+            self._host + endpoint,
+            data=body,
+            timeout=self._timeout,
+            allow_redirects=self._redirects,
+        )
 
     def close(self) -> None:
         if self._session is not None:

@@ -96,7 +96,7 @@ class FlakyClient(FakeClient):
     def log_batch(self, run_id: str, metrics: list[Any]) -> None:
         rows = [(m.key, m.value, m.timestamp, m.step) for m in metrics]
         self.spilled_files_seen = max(
-            self.spilled_files_seen, len(list(self.spill_dir.glob("*.pkl")))
+            self.spilled_files_seen, len(list(self.spill_dir.glob("*.reports")))
         )
         if self.failures:
             self.failures -= 1
@@ -108,7 +108,7 @@ class FlakyClient(FakeClient):
 def test_a_backlog_past_the_memory_bound_spills_in_order_and_every_point_is_stored_once(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("registry.metrics.CHUNK_POINTS", 20)  # 2 reports a chunk
+    monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 20)  # 2 reports a chunk
     spill = tmp_path / "spill"
     client = FlakyClient(failures=2, spill_dir=spill)
     sink = MlflowMetricsSink(
@@ -131,6 +131,7 @@ def test_a_backlog_past_the_memory_bound_spills_in_order_and_every_point_is_stor
     assert client.spilled_files_seen > 0  # the bound was crossed while the store failed
     assert list(spill.iterdir()) == []  # each spilled chunk was read back and removed
     assert len(client.points) == 3000 and sink.failures == 2
+    assert sink._backlog.held_points == 0 and not sink._backlog  # its count did not drift
 
 
 def test_plain_and_escaped_keys_in_one_batch_give_the_json_dumps_text(tmp_path: Path) -> None:
@@ -145,3 +146,59 @@ def test_plain_and_escaped_keys_in_one_batch_give_the_json_dumps_text(tmp_path: 
         {"run_id": "run-2", "metrics": [as_dicts[0]]}
     )
     sink.close()
+
+
+def test_the_stored_step_per_key_is_each_keys_highest_in_any_order(tmp_path: Path) -> None:
+    sink = MlflowMetricsSink(FakeClient({}), "run", spill_dir=tmp_path)  # type: ignore[arg-type]
+    sink._stored_max = {"a": -1, "b": 7}
+    sink._note_stored([("a", 0.0, 1, 3), ("b", 0.0, 1, 3), ("a", 0.0, 1, 3), ("a", 0.0, 1, 5)])
+    assert sink._stored_max == {"a": 5, "b": 7}  # in step order: the last per key
+    sink._note_stored([("a", 0.0, 1, 9), ("b", 0.0, 1, 8), ("a", 0.0, 1, 6)])
+    assert sink._stored_max == {"a": 9, "b": 8}  # out of order: still the highest
+    sink.close()
+
+
+def test_what_a_caller_reuses_mlflow_refuses_or_cannot_hold_does_not_cost_other_points(
+    tmp_path: Path,
+) -> None:
+    """The caller's dict is copied when reported; a key MLflow would refuse (the server
+    would refuse its whole batch) and a value no float can hold are left out, alone."""
+    import numpy as np
+
+    client = FlakyClient(failures=0, spill_dir=tmp_path)
+    sink = MlflowMetricsSink(client, "run", spill_dir=tmp_path)  # type: ignore[arg-type]
+    reused = {"loss": 1.0, "bad{key}": 2.0, "huge": 10**400, "np": np.float32(0.5)}
+    sink.report_training(1, reused)
+    reused["loss"] = 99.0  # after reporting: must not change what was reported
+    sink.report_training(2, {"loss": 0.5})
+    sink.close()
+    assert sorted((k, v, s) for k, v, _, s in client.points) == [
+        ("training/loss", 0.5, 2), ("training/loss", 1.0, 1), ("training/np", 0.5, 1),
+    ]  # fmt: skip
+    assert sink._thread.is_alive() is False and sink.sent_points == 3
+
+
+def test_a_spilled_chunk_that_cannot_be_read_back_is_reported_and_the_rest_still_arrives(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 2)
+    spill = tmp_path / "spill"
+    client = FlakyClient(failures=0, spill_dir=spill)
+    sink = MlflowMetricsSink(
+        client,  # type: ignore[arg-type]
+        "run",
+        spill_dir=spill,
+        memory_limit=2,
+        flush_interval_s=3600,  # everything lands in one pass, spilled before any send
+    )
+    for step in range(1, 7):
+        sink.report_training(step, {"loss": float(step), "acc": step / 10})
+    sink._absorb_inbox()  # on the test's thread: the sender waits out its interval
+    assert len(list(spill.glob("*.reports"))) == 5  # steps 2-6; the head stays in memory
+    step_3 = sink._backlog._chunks[2].path
+    assert step_3 is not None
+    step_3.write_bytes(b"not marshal data")
+    sink.close()
+    assert sorted({s for _, _, _, s in client.points}) == [1, 2, 4, 5, 6]
+    assert sink._backlog.lost_points == 2  # and its file is left where the error names it
+    assert list(spill.glob("*.reports")) == [step_3]

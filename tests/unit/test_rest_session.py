@@ -1,6 +1,8 @@
 """The metrics sink's kept HTTP session against a local HTTP server standing in for MLflow's
-log-batch endpoint: the credentials MLflow's client would send, worked out once; a refused
-batch (4xx) reported and dropped, not retried forever; an overloaded server (503) retried."""
+log-batch endpoint: the credentials MLflow's client would send (netrc and a CA bundle from
+the environment included), worked out once; a refused batch (4xx) reported and dropped, not
+retried forever; an overloaded server (5xx, 408, 429) retried; refused credentials read
+again and retried."""
 
 from __future__ import annotations
 
@@ -115,12 +117,34 @@ def test_a_refused_batch_is_reported_and_dropped_and_later_batches_still_arrive(
     assert "MLflow refused 1 metric points for run run (HTTP 400)" in caplog.text
 
 
-def test_an_overloaded_server_is_retried_until_it_stores_the_batch(
-    endpoint: Endpoint, tmp_path: Path
+@pytest.mark.parametrize("status", [503, 507, 408, 429, 401])
+def test_an_overloaded_server_or_refused_credentials_are_retried_until_the_batch_is_stored(
+    endpoint: Endpoint, tmp_path: Path, status: int
 ) -> None:
-    endpoint.statuses = [503]
+    endpoint.statuses = [status]
     sink = MlflowMetricsSink(NoHistory(endpoint.url), "run", spill_dir=tmp_path)  # type: ignore[arg-type]
+    first_session = sink._rest
     sink.report_training(1, {"loss": 1.0})
     sink.close()
     assert sink.failures == 1 and sink.sent_points == 1 and sink.rejected_points == 0
     assert _sent(endpoint) == [("training/loss", 1), ("training/loss", 1)]  # sent, then again
+    # Refused credentials are read again (a rotated token); other answers keep the session.
+    assert (sink._rest is not first_session) == (status == 401)
+
+
+def test_the_session_reads_the_ca_bundle_and_netrc_once_as_requests_would(
+    endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "corporate-ca.pem"))
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login ann password pw\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    session = RestSession(endpoint.url)
+    assert session._session is not None
+    assert session._session.verify == str(tmp_path / "corporate-ca.pem")
+    assert session.post("/api/2.0/mlflow/runs/log-batch", b"{}").status_code == 200
+    session.close()
+    assert endpoint.requests[-1][0].get("Authorization") == "Basic YW5uOnB3"

@@ -31,7 +31,9 @@ def _service(root: Path, name: str, script: str, stop_timeout_s: float = 20.0) -
     return Service(name, ["bash", "-c", script], lambda: True, root, stop_timeout_s=stop_timeout_s)
 
 
-def test_stop_all_terms_each_and_kills_the_one_that_ignores_it(tmp_path: Path) -> None:
+def test_stop_all_terms_each_and_kills_the_one_that_ignores_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     polite = _service(
         tmp_path,
         "polite",
@@ -46,6 +48,10 @@ def test_stop_all_terms_each_and_kills_the_one_that_ignores_it(tmp_path: Path) -
     assert stop_all([polite, stubborn]) == [True, True]
     assert not any(_alive(pid) for pid in pids)
     assert (tmp_path / "polite.out").read_text().strip() == "stopped"  # TERM, not KILL
+    killed = [r.getMessage() for r in caplog.records if "did not stop" in r.getMessage()]
+    assert killed == [
+        f"stubborn did not stop within 1 s of SIGTERM; killing it (log: {stubborn.logfile})"
+    ]
     assert not polite.pidfile.exists() and not stubborn.pidfile.exists()
     assert stop_all([polite, stubborn]) == [False, False]  # nothing left to stop
 

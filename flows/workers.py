@@ -30,6 +30,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -67,6 +68,7 @@ __all__ = [
     "StepRequest",
     "StepResult",
     "TrialFailed",
+    "last_output",
     "STOP_MODES",
     "forget_stop",
     "release_all",
@@ -443,6 +445,20 @@ def _result(worker: Worker, position: int, warm: bool, started: float, **more: A
     )
 
 
+_TORCHRUN_SUMMARY = re.compile(r"^\S+ FAILED$")
+
+
+def last_output(stderr: str, lines: int = 20) -> str:
+    """A failed trial process's last ``lines`` lines. torchrun ends its output with a summary
+    that names the rank that failed first but not its error, so the ``lines`` before that
+    summary (the rank's own traceback) come first."""
+    out = stderr.splitlines()
+    for i in range(len(out) - 2, -1, -1):
+        if _TORCHRUN_SUMMARY.match(out[i]) and out[i + 1].startswith("-----"):
+            return "\n".join([*out[max(0, i - lines) : i], *out[i:][-lines:]])
+    return "\n".join(out[-lines:])
+
+
 def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: float) -> StepResult:
     """Train to ``stop`` with validation and checkpoint in a ``det-tasks run`` process."""
     resume = resume_candidates(
@@ -488,9 +504,9 @@ def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: flo
             reason = json.loads(summary_file.read_text()).get("invalid_hp", "")
             return _result(worker, request.start, False, started, invalid_hp=str(reason))
         if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.splitlines()[-20:])
             raise TrialFailed(
-                f"trial {spec.trial_id} failed (exit code {proc.returncode}); last output:\n{tail}"
+                f"trial {spec.trial_id} failed (exit code {proc.returncode}); last output:\n"
+                + last_output(proc.stderr)
             )
         summary = json.loads(summary_file.read_text())
     return _result(

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlflow.exceptions import MlflowException
+
 from det_tasks.pytorch.experimental._job_services import JOB_OUTPUT_ENV
 from registry import s3 as s3_lib
 from registry.checkpoints import S3CheckpointStore, checkpoint_records
@@ -108,7 +110,18 @@ class MlflowJobServices:
         return self.output.child(relative).uri
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        """Every rank may set the same tag (Determined's ``report_task_using_checkpoint``
+        runs on each). MLflow's SQL store adds a new tag by a select then an insert, so two
+        ranks setting it at once can collide: one gets HTTP 400, "UNIQUE constraint
+        failed" (a CI run lost a whole job to it). After a refusal the tag is read back:
+        holding the value, it is done; otherwise it is set again, and a second refusal
+        stands."""
+        try:
+            self.client.set_tag(self.run_id, key, value)
+        except MlflowException:
+            if self.client.get_run(self.run_id).data.tags.get(key) == value:
+                return
+            self.client.set_tag(self.run_id, key, value)
 
     def tensorboard_dir(self) -> Path:
         if self._tensorboard is None:

@@ -105,20 +105,27 @@ class FlakyClient(FakeClient):
         self.points += rows
 
 
+def _spilling_sink(
+    client: FlakyClient, spill: Path, memory_limit: int, flush_interval_s: float
+) -> MlflowMetricsSink:
+    """A sink over ``client`` whose backlog spills to ``spill`` past ``memory_limit``."""
+    return MlflowMetricsSink(
+        client,  # type: ignore[arg-type]
+        "run",
+        spill_dir=spill,
+        memory_limit=memory_limit,
+        flush_interval_s=flush_interval_s,
+        close_timeout_s=30,
+    )
+
+
 def test_a_backlog_past_the_memory_bound_spills_in_order_and_every_point_is_stored_once(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 20)  # 2 reports a chunk
     spill = tmp_path / "spill"
     client = FlakyClient(failures=2, spill_dir=spill)
-    sink = MlflowMetricsSink(
-        client,  # type: ignore[arg-type]
-        "run",
-        spill_dir=spill,
-        memory_limit=50,
-        flush_interval_s=0.01,
-        close_timeout_s=30,
-    )
+    sink = _spilling_sink(client, spill, memory_limit=50, flush_interval_s=0.01)
     for step in range(1, 301):
         sink.report_training(step, {f"m{i}": step + i / 10 for i in range(10)})
         sink.report_training(step, {"flag": True, "note": "not a number"})  # no points
@@ -184,13 +191,8 @@ def test_a_spilled_chunk_that_cannot_be_read_back_is_reported_and_the_rest_still
     monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 2)
     spill = tmp_path / "spill"
     client = FlakyClient(failures=0, spill_dir=spill)
-    sink = MlflowMetricsSink(
-        client,  # type: ignore[arg-type]
-        "run",
-        spill_dir=spill,
-        memory_limit=2,
-        flush_interval_s=3600,  # everything lands in one pass, spilled before any send
-    )
+    # flush_interval_s: everything lands in one pass, spilled before any send.
+    sink = _spilling_sink(client, spill, memory_limit=2, flush_interval_s=3600)
     for step in range(1, 7):
         sink.report_training(step, {"loss": float(step), "acc": step / 10})
     sink._absorb_inbox()  # on the test's thread: the sender waits out its interval

@@ -87,8 +87,9 @@ class MlflowMetricsSink:
         # would collapse into one; each rank's timestamps get their own residue mod ranks.
         self._rank, self._ranks = writer
         self.run_id = run_id
-        self._over_http = str(client.tracking_uri).startswith(("http://", "https://"))
-        self._rest = RestSession(str(client.tracking_uri)) if self._over_http else None
+        over_http = str(client.tracking_uri).startswith(("http://", "https://"))
+        # None: a local store (the embedded mode's SQLite), written through the client.
+        self._rest = RestSession(str(client.tracking_uri)) if over_http else None
         # Highest step already stored per key: a retried trial resumes from its checkpoint
         # and re-reports the steps after it with identical values; those are not re-sent.
         self._stored_max: dict[str, int] = {}

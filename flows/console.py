@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
-__all__ = ["CompleteMessageFilter", "ShutdownNoiseFilter", "quiet_prefect_shutdown"]
+__all__ = [
+    "CompleteMessageFilter",
+    "ShutdownNoiseFilter",
+    "exit_without_final_collection",
+    "quiet_prefect_shutdown",
+]
 
 # The last is the ephemeral server's goodbye, which would land after the run's last line.
 _NOISE = (
@@ -71,3 +79,13 @@ def quiet_prefect_shutdown(
             handler.addFilter(complete)
     logging.getLogger("asyncio").addFilter(noise)
     yield
+
+
+def exit_without_final_collection(code: int) -> NoReturn:
+    """``sys.exit(code)``, minus the interpreter's last garbage collections: with torch,
+    Prefect, MLflow and pandas loaded, tearing the modules down walked the whole heap and
+    took 1.6-1.8 s after the command's work was done (2-core VM). Objects alive now are
+    frozen out of the collector; atexit handlers (log flushing, child processes) still run."""
+    gc.disable()
+    gc.freeze()
+    sys.exit(code)

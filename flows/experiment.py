@@ -91,7 +91,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import suspend_flow_run
 from prefect.runtime import deployment, flow_run
-from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    temporary_settings,
+)
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -101,7 +106,7 @@ from det_tasks.home import det_tasks_home
 from det_tasks.runner.local import check_entrypoint, load_raw_config
 from det_tasks.searcher import Searcher, make_searcher
 from flows.chains import TrialChains, final_segment
-from flows.console import quiet_prefect_shutdown
+from flows.console import exit_without_final_collection, quiet_prefect_shutdown
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.engine import (
     SCHEDULER_ENV,
@@ -123,7 +128,7 @@ from registry.services import finish_experiment
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
-__all__ = ["experiment", "worker_count"]
+__all__ = ["experiment", "run_settings", "worker_count"]
 
 
 def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
@@ -337,6 +342,18 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
+def run_settings(own_server: bool) -> contextlib.AbstractContextManager[Any]:
+    """Prefect settings for one ``python -m flows.experiment`` run. The ephemeral server's
+    default 20 s start-up wait is too short on a busy machine. ``own_server``: the server
+    ends with this process, so nothing would read the flow run's heartbeats, and their
+    thread made every run's end wait up to 1 s (it sleeps in 1 s steps); they are off
+    unless the user set their frequency."""
+    no_heartbeat = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if own_server else {}
+    return temporary_settings(
+        {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}, set_defaults=no_heartbeat
+    )
+
+
 def main(
     argv: list[str] | None = None,
     prestarted: EmbeddedPrefectServer | None = None,
@@ -385,8 +402,7 @@ def main(
         if os.environ.get(SCHEDULER_ENV)
         else background_cluster(workers, cfg.resources.slots_per_trial),
         quiet_prefect_shutdown(complete_errors=(TrialFailed, DetTasksError, StepFailed)),
-        # The ephemeral server's default 20 s start-up wait is too short on a busy machine.
-        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}),
+        run_settings(own_server=prestarted is not None or PREFECT_API_URL.value() is None),
     ):
         try:
             if prestarted is not None:
@@ -421,4 +437,4 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main(prestarted=_PRESTARTED, checked=_CHECKED, warm=_WARM))
+    exit_without_final_collection(main(prestarted=_PRESTARTED, checked=_CHECKED, warm=_WARM))

@@ -4,7 +4,9 @@ prints is the experiment, not Prefect's shutdown noise."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +67,12 @@ def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
     for noise in NOISE:
         assert noise not in proc.stderr, f"{noise!r} reached the terminal:\n{proc.stderr}"
     summary = json.loads(proc.stdout)
+    # Both flow runs are in the home's Prefect database, and neither sent a heartbeat: the
+    # server ended with its run, and the beat thread cost up to 1 s at every run's end.
+    with contextlib.closing(sqlite3.connect(tmp_path / "prefect" / "prefect.db")) as db:
+        events = dict(db.execute("select event, count(*) from events group by event"))
+    assert events.get("prefect.flow-run.Completed") == 2
+    assert "prefect.flow-run.heartbeat" not in events
 
     tracking_uri = f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}"
     client = client_for(tracking_uri)

@@ -28,7 +28,8 @@ def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection() 
         "import atexit, gc, sys\n"
         "from flows.console import exit_without_final_collection\n"
         "junk = [[i] for i in range(1000)]\n"
-        "atexit.register(lambda: print('atexit ran', gc.isenabled(), gc.get_freeze_count() > 999))\n"
+        "state = lambda: print('atexit ran', gc.isenabled(), gc.get_freeze_count() > 999)\n"
+        "atexit.register(state)\n"
         "print('work done', end='')\n"
         "exit_without_final_collection(3)\n"
     )

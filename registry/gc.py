@@ -106,12 +106,17 @@ def collect_trial_garbage(client: MlflowClient, s3: Any, parent_run: Any, run_id
     same in an experiment of 10 trials or 1,000 (the experiment-wide pass at every trial's
     end made an experiment's bookkeeping grow with the square of its trials). The trial's
     own ``save_experiment_best`` best stay too: one of them may rank among the experiment's
-    best, which only the experiment's end (``collect_experiment_garbage``) can tell."""
+    best, which only the experiment's end (``collect_experiment_garbage``) can tell.
+
+    The model registry is asked only when a checkpoint would go: most trials keep all they
+    have (one latest, one best), and the query was a fifth of a warm trial's end (17 ms of
+    80 on a loaded 2-core worker). So ``protected`` names only what registration saved."""
     policy = _Policy.of(parent_run)
     run_records = checkpoint_records(client, run_id)
     records = {r["uuid"]: (run_id, r) for r in run_records}
     keep = policy.trial_keeps(run_records) | policy.best_of(run_records)
-    return _delete_unkept(client, s3, records, keep, registered_uuids(client, [run_id]))
+    protected = registered_uuids(client, [run_id]) if set(records) - keep else set()
+    return _delete_unkept(client, s3, records, keep, protected)
 
 
 def _delete_unkept(

@@ -20,6 +20,7 @@ class RecordingClient:
         self.runs = runs
         self.read: list[str] = []
         self.searched: list[str] = []
+        self.registered: dict[str, list[str]] = {}  # run -> checkpoints behind model versions
 
     def get_run(self, run_id: str) -> Any:
         self.read.append(run_id)
@@ -29,7 +30,11 @@ class RecordingClient:
 
     def search_model_versions(self, query: str) -> list[Any]:
         self.searched.append(query)
-        return []
+        run_id = query.split("'")[1]
+        return [
+            SimpleNamespace(tags={"det.checkpoint_uuid": uuid}, source="")
+            for uuid in self.registered.get(run_id, [])
+        ]
 
     def delete_tag(self, run_id: str, key: str) -> None:
         del self.runs[run_id][key]
@@ -96,3 +101,21 @@ def test_the_experiments_end_keeps_only_the_experiments_best(tmp_path: Path) -> 
     assert result.kept == ["a-30", "b-10", "b-30"]
     assert result.deleted == ["a-20"]
     assert _on_disk(tmp_path) == ["a-30", "b-10", "b-30"]
+
+
+def test_a_trial_that_keeps_all_it_has_does_not_ask_the_model_registry(tmp_path: Path) -> None:
+    client, parent = _experiment(tmp_path)
+    (tmp_path / "single").mkdir()
+    client.runs["a"] = dict([_checkpoint(tmp_path / "single", "a", 30, 0.3)])
+    result = collect_trial_garbage(client, None, parent, "a")
+    assert result.kept == ["a-30"] and result.deleted == [] and result.protected == []
+    assert client.searched == []
+
+
+def test_a_registered_checkpoint_is_kept_past_the_policy(tmp_path: Path) -> None:
+    client, parent = _experiment(tmp_path)
+    client.registered["a"] = ["a-10"]
+    result = collect_trial_garbage(client, None, parent, "a")
+    assert client.searched == ["run_id = 'a'"]
+    assert result.deleted == [] and result.protected == ["a-10"]
+    assert _on_disk(tmp_path) == ["a-10", "a-20", "a-30", "b-10", "b-20", "b-30"]

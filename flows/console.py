@@ -85,7 +85,9 @@ def exit_without_final_collection(code: int) -> NoReturn:
     """``sys.exit(code)``, minus the interpreter's last garbage collections: with torch,
     Prefect, MLflow and pandas loaded, tearing the modules down walked the whole heap and
     took 1.6-1.8 s after the command's work was done (2-core VM). Objects alive now are
-    frozen out of the collector; atexit handlers (log flushing, child processes) still run."""
+    frozen out of the collector; atexit handlers (log flushing, child processes) still run.
+    Only for processes that run no user code: an object of theirs left in a reference cycle
+    (an unclosed file, say) would never be finalized."""
     gc.disable()
     gc.freeze()
     sys.exit(code)

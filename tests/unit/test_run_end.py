@@ -62,3 +62,18 @@ def test_a_heartbeat_frequency_the_user_set_is_kept() -> None:
     done = _python(_HEARTBEAT, PREFECT_FLOWS_HEARTBEAT_FREQUENCY="60")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["60", "60"]
+
+
+def test_the_det_executable_exits_with_mains_code() -> None:
+    done = _python(
+        "import atexit, gc, sys\n"
+        "from flows.det_cli import command\n"
+        "atexit.register(lambda: print('collector on:', gc.isenabled()))\n"
+        "sys.argv = ['det', 'experiment', 'list']\n"
+        "command()\n",
+        PREFECT_API_URL="http://127.0.0.1:9/api",
+    )
+    # main's code for an unreachable platform, its message, and the collector off at exit.
+    assert done.returncode == 1, done.stderr
+    assert "no platform at http://127.0.0.1:9/api" in done.stderr
+    assert done.stdout == "collector on: False\n"

@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 HTML_NAME = "experiment.html"
+CURVES_NAME = "learning_curves.png"
 LEGEND_MAX_TRIALS = 48  # two columns beside the axes
 
 
@@ -70,15 +71,17 @@ def trial_curves(client: MlflowClient, trial_runs: list[Any], metric: str) -> li
 
 def log_learning_curves(
     client: MlflowClient, parent_run_id: str, curves: list[TrialCurve], metric: str
-) -> Path | None:
-    """Plot every trial's validation ``metric`` against batches; log it as a PNG artifact."""
+) -> str | None:
+    """Plot every trial's validation ``metric`` against batches; log it as a PNG artifact
+    (its name returned; the local file is removed once logged)."""
     if not curves:
         return None
     fig = learning_curves_figure(curves, metric)
-    out = Path(tempfile.mkdtemp()) / "learning_curves.png"
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    client.log_artifact(parent_run_id, str(out))
-    return out
+    with tempfile.TemporaryDirectory(prefix="det-tasks-plot-") as folder:
+        out = Path(folder) / CURVES_NAME
+        fig.savefig(out, dpi=100, bbox_inches="tight")
+        client.log_artifact(parent_run_id, str(out))
+    return CURVES_NAME
 
 
 def learning_curves_figure(curves: list[TrialCurve], metric: str) -> Any:
@@ -117,16 +120,18 @@ def log_interactive_plots(
     metric: str,
     smaller_is_better: bool,
     raw_config: dict[str, Any] | None = None,
-) -> Path | None:
+) -> str | None:
     """One self-contained HTML page (plotly.js inlined: the UI may have no internet);
-    ``raw_config``'s ``type: log`` hyperparameters get log axes."""
+    ``raw_config``'s ``type: log`` hyperparameters get log axes. Returns the artifact's
+    name; the local file is removed once logged."""
     if not curves:
         return None
     fig = interactive_figure(curves, metric, smaller_is_better, raw_config or {})
-    out = Path(tempfile.mkdtemp()) / HTML_NAME
-    fig.write_html(out, include_plotlyjs=True, full_html=True)
-    client.log_artifact(parent_run_id, str(out))
-    return out
+    with tempfile.TemporaryDirectory(prefix="det-tasks-plot-") as folder:
+        out = Path(folder) / HTML_NAME
+        fig.write_html(out, include_plotlyjs=True, full_html=True)
+        client.log_artifact(parent_run_id, str(out))
+    return HTML_NAME
 
 
 def interactive_figure(

@@ -201,7 +201,7 @@ def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -
                 client, runs.parent_run_id, curves, metric, smaller, runs.raw_config
             )
             if page is not None:
-                _describe_report(runs, page.name)
+                _describe_report(runs, page)
     runs.finish(runs.parent_run_id, status)
 
 

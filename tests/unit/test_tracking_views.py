@@ -198,3 +198,27 @@ def test_learning_curves_png_of_many_trials_names_them_in_the_html_page_not_a_le
     assert ax.get_legend() is None
     assert ax.get_title() == "validation_error per trial (1024 trials; names in experiment.html)"
     assert len(ax.get_lines()) == 1024
+
+
+def test_the_logged_plots_leave_no_local_file_behind():
+    from pathlib import Path
+
+    from registry.plots import log_interactive_plots, log_learning_curves
+
+    class Client:
+        logged: list[tuple[str, int]] = []
+
+        def log_artifact(self, run_id: str, path: str) -> None:
+            self.logged.append((path, Path(path).stat().st_size))
+
+    client = Client()
+    curves = [TrialCurve(f"trial-{i}", [1, 2], [1.0, 0.5], {"lr": 0.1 * i}) for i in (1, 2)]
+    names = (
+        log_learning_curves(client, "parent", curves, "validation_error"),  # type: ignore[arg-type]
+        log_interactive_plots(client, "parent", curves, "validation_error", True),  # type: ignore[arg-type]
+    )
+    assert names == ("learning_curves.png", "experiment.html")
+    # Each file was whole when MLflow took it, and its folder is gone since.
+    assert [Path(p).name for p, _ in client.logged] == list(names)
+    assert all(size > 1000 for _, size in client.logged)
+    assert not any(Path(p).parent.exists() for p, _ in client.logged)

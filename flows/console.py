@@ -86,8 +86,10 @@ def exit_without_final_collection(code: int) -> NoReturn:
     Prefect, MLflow and pandas loaded, tearing the modules down walked the whole heap and
     took 1.6-1.8 s after the command's work was done (2-core VM). Objects alive now are
     frozen out of the collector; atexit handlers (log flushing, child processes) still run.
-    Only for processes that run no user code: an object of theirs left in a reference cycle
-    (an unclosed file, say) would never be finalized."""
+    Only for processes that run no trial code: an object left in a reference cycle (an
+    unclosed file, say) is never finalized. ``python -m flows.experiment`` imports the
+    user's trial module (its module-level code runs) but trains on Dask workers; ``det``
+    imports no user code."""
     gc.disable()
     gc.freeze()
     sys.exit(code)

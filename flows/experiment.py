@@ -95,6 +95,7 @@ from prefect.settings import (
     PREFECT_API_URL,
     PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
     PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    Settings,
     temporary_settings,
 )
 from prefect.states import Cancelled
@@ -342,12 +343,14 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
-def run_settings(own_server: bool) -> contextlib.AbstractContextManager[Any]:
+def run_settings(prestarted: bool) -> contextlib.AbstractContextManager[Settings]:
     """Prefect settings for one ``python -m flows.experiment`` run. The ephemeral server's
-    default 20 s start-up wait is too short on a busy machine. ``own_server``: the server
+    default 20 s start-up wait is too short on a busy machine. When the Prefect server is
+    the run's own (``prestarted`` by it, or Prefect's ephemeral one: no API URL set), it
     ends with this process, so nothing would read the flow run's heartbeats, and their
-    thread made every run's end wait up to 1 s (it sleeps in 1 s steps); they are off
+    thread made every run's end wait up to 1 s (it sleeps in 1 s steps): they are off there,
     unless the user set their frequency."""
+    own_server = prestarted or PREFECT_API_URL.value() is None
     no_heartbeat = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if own_server else {}
     return temporary_settings(
         {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}, set_defaults=no_heartbeat
@@ -402,7 +405,7 @@ def main(
         if os.environ.get(SCHEDULER_ENV)
         else background_cluster(workers, cfg.resources.slots_per_trial),
         quiet_prefect_shutdown(complete_errors=(TrialFailed, DetTasksError, StepFailed)),
-        run_settings(own_server=prestarted is not None or PREFECT_API_URL.value() is None),
+        run_settings(prestarted=prestarted is not None),
     ):
         try:
             if prestarted is not None:

@@ -110,7 +110,7 @@ def collect_trial_garbage(client: MlflowClient, s3: Any, parent_run: Any, run_id
 
     The model registry is asked only when a checkpoint would go: most trials keep all they
     have (one latest, one best), and the query was a fifth of a warm trial's end (17 ms of
-    80 on a loaded 2-core worker). So ``protected`` names only what registration saved."""
+    80 on a loaded 2-core worker). So ``protected`` is empty when nothing would go."""
     policy = _Policy.of(parent_run)
     run_records = checkpoint_records(client, run_id)
     records = {r["uuid"]: (run_id, r) for r in run_records}

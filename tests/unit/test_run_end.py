@@ -12,18 +12,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+def _python(code: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter with no Prefect settings of this machine's (no
+    PREFECT_* variables, an empty profiles file) and no DET_MASTER."""
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DET_MASTER"
+    }
+    isolated = {
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_PROFILES_PATH": str(home / "profiles.toml"),
+    }
     return subprocess.run(
         [sys.executable, "-c", code],
-        env={**clean, "PYTHONPATH": str(REPO), **env},
+        cwd=home,
+        env={**clean, **isolated, "PYTHONPATH": str(REPO), **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
 
 
-def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection() -> None:
+def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection(
+    tmp_path: Path,
+) -> None:
     done = _python(
         "import atexit, gc, sys\n"
         "from flows.console import exit_without_final_collection\n"
@@ -31,7 +42,8 @@ def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection() 
         "state = lambda: print('atexit ran', gc.isenabled(), gc.get_freeze_count() > 999)\n"
         "atexit.register(state)\n"
         "print('work done', end='')\n"
-        "exit_without_final_collection(3)\n"
+        "exit_without_final_collection(3)\n",
+        tmp_path,
     )
     assert done.returncode == 3, done.stderr
     # Buffered output is flushed and the handler ran with the collector off, the heap frozen.
@@ -41,36 +53,49 @@ def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection() 
 _HEARTBEAT = (
     "from flows.experiment import run_settings\n"
     "from prefect.settings import get_current_settings as current\n"
-    "with run_settings(own_server=True):\n"
-    "    own = current().flows.heartbeat_frequency\n"
-    "with run_settings(own_server=False):\n"
-    "    lasting = current().flows.heartbeat_frequency\n"
-    "print(own, lasting, current().server.ephemeral.startup_timeout_seconds)\n"
+    "with run_settings(prestarted=True):\n"
+    "    prestarted = current().flows.heartbeat_frequency\n"
+    "with run_settings(prestarted=False):\n"
+    "    otherwise = current().flows.heartbeat_frequency\n"
+    "print(prestarted, otherwise, current().server.ephemeral.startup_timeout_seconds)\n"
 )
 
 
-def test_heartbeats_are_off_on_the_runs_own_server_only() -> None:
-    done = _python(_HEARTBEAT)
+def test_heartbeats_are_off_on_a_server_the_run_starts(tmp_path: Path) -> None:
+    # No API URL anywhere: Prefect starts its ephemeral server, which ends with the run.
+    done = _python(_HEARTBEAT, tmp_path)
     assert done.returncode == 0, done.stderr
-    # Prefect's default 180 s stays for a lasting server; the settings end with the block.
-    own, lasting, after = done.stdout.split()
-    assert (own, lasting) == ("None", "180")
-    assert after == "20"
+    assert done.stdout.split() == ["None", "None", "20"]  # the settings end with the block
 
 
-def test_a_heartbeat_frequency_the_user_set_is_kept() -> None:
-    done = _python(_HEARTBEAT, PREFECT_FLOWS_HEARTBEAT_FREQUENCY="60")
+def test_heartbeats_stay_on_a_lasting_server(tmp_path: Path) -> None:
+    # The stack's or the warm services' server, named by the environment or by a profile:
+    # Prefect's default 180 s, unless the run started the server itself.
+    by_env = _python(_HEARTBEAT, tmp_path, PREFECT_API_URL="http://127.0.0.1:4200/api")
+    assert by_env.returncode == 0, by_env.stderr
+    assert by_env.stdout.split()[:2] == ["None", "180"]
+    (tmp_path / "profiles.toml").write_text(
+        'active = "stack"\n[profiles.stack]\nPREFECT_API_URL = "http://127.0.0.1:4200/api"\n'
+    )
+    by_profile = _python(_HEARTBEAT, tmp_path)
+    assert by_profile.returncode == 0, by_profile.stderr
+    assert by_profile.stdout.split()[:2] == ["None", "180"]
+
+
+def test_a_heartbeat_frequency_the_user_set_is_kept(tmp_path: Path) -> None:
+    done = _python(_HEARTBEAT, tmp_path, PREFECT_FLOWS_HEARTBEAT_FREQUENCY="60")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["60", "60"]
 
 
-def test_the_det_executable_exits_with_mains_code() -> None:
+def test_the_det_executable_exits_with_mains_code(tmp_path: Path) -> None:
     done = _python(
         "import atexit, gc, sys\n"
         "from flows.det_cli import command\n"
         "atexit.register(lambda: print('collector on:', gc.isenabled()))\n"
         "sys.argv = ['det', 'experiment', 'list']\n"
         "command()\n",
+        tmp_path,
         PREFECT_API_URL="http://127.0.0.1:9/api",
     )
     # main's code for an unreachable platform, its message, and the collector off at exit.

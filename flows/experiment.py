@@ -343,18 +343,22 @@ def _has_deployment() -> bool:
     return bool(deployment.get_id())
 
 
-def run_settings(prestarted: bool) -> contextlib.AbstractContextManager[Settings]:
-    """Prefect settings for one ``python -m flows.experiment`` run. The ephemeral server's
-    default 20 s start-up wait is too short on a busy machine. When the Prefect server is
-    the run's own (``prestarted`` by it, or Prefect's ephemeral one: no API URL set), it
-    ends with this process, so nothing would read the flow run's heartbeats, and their
-    thread made every run's end wait up to 1 s (it sleeps in 1 s steps): they are off there,
-    unless the user set their frequency."""
-    own_server = prestarted or PREFECT_API_URL.value() is None
+def run_settings(prestarted_api: str | None) -> contextlib.AbstractContextManager[Settings]:
+    """Prefect settings for one ``python -m flows.experiment`` run.
+
+    - ``prestarted_api``: the API of the server this run prestarted. Prefect read its URL
+      at import, and the server moves to another port when its first was taken meanwhile.
+    - The ephemeral server's default 20 s start-up wait is too short on a busy machine.
+    - When the server is the run's own (prestarted, or Prefect's ephemeral one: no API URL
+      set), it ends with this process, so nothing would read the flow run's heartbeats,
+      and their thread made every run's end wait up to 1 s (it sleeps in 1 s steps): they
+      are off there, unless the user set their frequency."""
+    updates: dict[Any, Any] = {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}
+    if prestarted_api is not None:
+        updates[PREFECT_API_URL] = prestarted_api
+    own_server = prestarted_api is not None or PREFECT_API_URL.value() is None
     no_heartbeat = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if own_server else {}
-    return temporary_settings(
-        {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300}, set_defaults=no_heartbeat
-    )
+    return temporary_settings(updates, set_defaults=no_heartbeat)
 
 
 def main(
@@ -405,11 +409,12 @@ def main(
         if os.environ.get(SCHEDULER_ENV)
         else background_cluster(workers, cfg.resources.slots_per_trial),
         quiet_prefect_shutdown(complete_errors=(TrialFailed, DetTasksError, StepFailed)),
-        run_settings(prestarted=prestarted is not None),
+        contextlib.ExitStack() as settings,
     ):
         try:
             if prestarted is not None:
-                prestarted.wait_ready()
+                prestarted.wait_ready()  # its port is final now
+            settings.enter_context(run_settings(prestarted.api_url if prestarted else None))
             start_shielded_prefect_server()  # no-op once prestarted (PREFECT_API_URL is set)
             state: Any = experiment(
                 checked.config,

@@ -53,11 +53,12 @@ def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection(
 _HEARTBEAT = (
     "from flows.experiment import run_settings\n"
     "from prefect.settings import get_current_settings as current\n"
-    "with run_settings(prestarted=True):\n"
+    "with run_settings('http://127.0.0.1:4311/api'):\n"
     "    prestarted = current().flows.heartbeat_frequency\n"
-    "with run_settings(prestarted=False):\n"
+    "    api = current().api.url\n"
+    "with run_settings(None):\n"
     "    otherwise = current().flows.heartbeat_frequency\n"
-    "print(prestarted, otherwise, current().server.ephemeral.startup_timeout_seconds)\n"
+    "print(prestarted, otherwise, current().server.ephemeral.startup_timeout_seconds, api)\n"
 )
 
 
@@ -65,7 +66,8 @@ def test_heartbeats_are_off_on_a_server_the_run_starts(tmp_path: Path) -> None:
     # No API URL anywhere: Prefect starts its ephemeral server, which ends with the run.
     done = _python(_HEARTBEAT, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["None", "None", "20"]  # the settings end with the block
+    # The settings end with the block.
+    assert done.stdout.split() == ["None", "None", "20", "http://127.0.0.1:4311/api"]
 
 
 def test_heartbeats_stay_on_a_lasting_server(tmp_path: Path) -> None:
@@ -74,6 +76,8 @@ def test_heartbeats_stay_on_a_lasting_server(tmp_path: Path) -> None:
     by_env = _python(_HEARTBEAT, tmp_path, PREFECT_API_URL="http://127.0.0.1:4200/api")
     assert by_env.returncode == 0, by_env.stderr
     assert by_env.stdout.split()[:2] == ["None", "180"]
+    # A prestarted server's final port wins over the URL Prefect read at import.
+    assert by_env.stdout.split()[3] == "http://127.0.0.1:4311/api"
     (tmp_path / "profiles.toml").write_text(
         'active = "stack"\n[profiles.stack]\nPREFECT_API_URL = "http://127.0.0.1:4200/api"\n'
     )

@@ -448,15 +448,31 @@ def _result(worker: Worker, position: int, warm: bool, started: float, **more: A
 _TORCHRUN_SUMMARY = re.compile(r"^\S+ FAILED$")
 
 
+_TORCHRUN_ERROR = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
 def last_output(stderr: str, lines: int = 20) -> str:
-    """A failed trial process's last ``lines`` lines. torchrun ends its output with a summary
-    that names the rank that failed first but not its error, so the ``lines`` before that
-    summary (the rank's own traceback) come first."""
+    """A failed trial process's last ``lines`` lines. torchrun ends its output with its own
+    traceback and a summary that name the rank that failed first but not its error, so the
+    ``lines`` before them (the rank's own traceback) come first."""
     out = stderr.splitlines()
     for i in range(len(out) - 2, -1, -1):
         if _TORCHRUN_SUMMARY.match(out[i]) and out[i + 1].startswith("-----"):
-            return "\n".join([*out[max(0, i - lines) : i], *out[i:][-lines:]])
+            end = _before_torchruns_traceback(out, i)
+            return "\n".join([*out[max(0, end - lines) : end], *out[i:][-lines:]])
     return "\n".join(out[-lines:])
+
+
+def _before_torchruns_traceback(out: list[str], summary: int) -> int:
+    """Where torchrun's own traceback (ending in ChildFailedError, 18 lines) starts above its
+    summary, or the summary's line if there is none."""
+    for j in range(summary - 1, max(-1, summary - 60), -1):
+        if out[j].startswith(_TORCHRUN_ERROR):
+            for k in range(j - 1, -1, -1):
+                if out[k] == "Traceback (most recent call last):":
+                    return k
+            break
+    return summary
 
 
 def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: float) -> StepResult:

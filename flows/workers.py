@@ -465,13 +465,15 @@ def last_output(stderr: str, lines: int = 20) -> str:
 
 def _before_torchruns_traceback(out: list[str], summary: int) -> int:
     """Where torchrun's own traceback (ending in ChildFailedError, 18 lines) starts above its
-    summary, or the summary's line if there is none."""
+    summary: its header, found only right above its indented frame lines (so a rank's own
+    traceback further up is never taken for it); the top of those frames without a header;
+    or the summary's line if there is no such traceback."""
     for j in range(summary - 1, max(-1, summary - 60), -1):
         if out[j].startswith(_TORCHRUN_ERROR):
-            for k in range(j - 1, -1, -1):
-                if out[k] == "Traceback (most recent call last):":
-                    return k
-            break
+            k = j - 1
+            while k >= 0 and out[k].startswith("  "):  # frames, code and ^^^ markers
+                k -= 1
+            return k if k >= 0 and out[k] == "Traceback (most recent call last):" else k + 1
     return summary
 
 

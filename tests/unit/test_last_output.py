@@ -65,3 +65,14 @@ def test_torchruns_own_traceback_does_not_push_the_ranks_error_out() -> None:
     assert message.splitlines()[:4] == [noise[-1], *trace]
     assert "ChildFailedError" not in message
     assert message.endswith(SUMMARY.splitlines()[-1])
+
+
+def test_a_cut_torchrun_traceback_is_not_mistaken_for_the_ranks() -> None:
+    # torchrun's header line lost (cut or garbled output): the rank's own unprefixed
+    # traceback above must still be shown, and torchrun's frames are left out.
+    rank = ["Traceback (most recent call last):", '  File "model_def.py", line 9', "OSError: why"]
+    frames = AGENT.splitlines()[1:]
+    text = "\n".join([*rank, *frames, SUMMARY])
+    message = last_output(text, lines=3)
+    assert message.splitlines()[:3] == rank
+    assert "launch_agent" not in message and "ChildFailedError(" not in message

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -73,14 +71,12 @@ def log_learning_curves(
     client: MlflowClient, parent_run_id: str, curves: list[TrialCurve], metric: str
 ) -> str | None:
     """Plot every trial's validation ``metric`` against batches; log it as a PNG artifact
-    (its name returned; the local file is removed once logged)."""
+    (its name returned; MLflow's ``log_figure`` writes it in a folder it removes)."""
     if not curves:
         return None
     fig = learning_curves_figure(curves, metric)
-    with tempfile.TemporaryDirectory(prefix="det-tasks-plot-") as folder:
-        out = Path(folder) / CURVES_NAME
-        fig.savefig(out, dpi=100, bbox_inches="tight")
-        client.log_artifact(parent_run_id, str(out))
+    save = {"dpi": 100, "bbox_inches": "tight"}
+    client.log_figure(parent_run_id, fig, CURVES_NAME, save_kwargs=save)
     return CURVES_NAME
 
 
@@ -123,14 +119,12 @@ def log_interactive_plots(
 ) -> str | None:
     """One self-contained HTML page (plotly.js inlined: the UI may have no internet);
     ``raw_config``'s ``type: log`` hyperparameters get log axes. Returns the artifact's
-    name; the local file is removed once logged."""
+    name (written by MLflow's ``log_figure`` in a folder it removes)."""
     if not curves:
         return None
     fig = interactive_figure(curves, metric, smaller_is_better, raw_config or {})
-    with tempfile.TemporaryDirectory(prefix="det-tasks-plot-") as folder:
-        out = Path(folder) / HTML_NAME
-        fig.write_html(out, include_plotlyjs=True, full_html=True)
-        client.log_artifact(parent_run_id, str(out))
+    save = {"include_plotlyjs": True, "full_html": True}  # MLflow's default: the CDN
+    client.log_figure(parent_run_id, fig, HTML_NAME, save_kwargs=save)
     return HTML_NAME
 
 

@@ -203,19 +203,23 @@ def test_learning_curves_png_of_many_trials_names_them_in_the_html_page_not_a_le
 def test_the_logged_plots_leave_no_local_file_behind():
     from pathlib import Path
 
+    from mlflow.tracking import MlflowClient
+
     from registry.plots import log_interactive_plots, log_learning_curves
 
-    class Client:
+    class Client(MlflowClient):
+        """MLflow's own log_figure; only the upload is recorded instead of made."""
+
         logged: list[tuple[str, int]] = []
 
-        def log_artifact(self, run_id: str, path: str) -> None:
+        def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
             self.logged.append((path, Path(path).stat().st_size))
 
-    client = Client()
+    client = Client(tracking_uri="http://127.0.0.1:9")  # never contacted
     curves = [TrialCurve(f"trial-{i}", [1, 2], [1.0, 0.5], {"lr": 0.1 * i}) for i in (1, 2)]
     names = (
-        log_learning_curves(client, "parent", curves, "validation_error"),  # type: ignore[arg-type]
-        log_interactive_plots(client, "parent", curves, "validation_error", True),  # type: ignore[arg-type]
+        log_learning_curves(client, "parent", curves, "validation_error"),
+        log_interactive_plots(client, "parent", curves, "validation_error", True),
     )
     assert names == ("learning_curves.png", "experiment.html")
     # Each file was whole when MLflow took it, and its folder is gone since.

@@ -54,6 +54,7 @@ __all__ = [
     "background_cluster",
     "dask_client",
     "embedded_cluster",
+    "port_holder",
     "recycle",
     "release_everywhere",
     "CLIENT_SEND_INTERVAL_S",
@@ -239,6 +240,20 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             yield cluster
 
 
+def port_holder() -> socket.socket:
+    """A free local port, kept from everyone else until its server binds it. Why: a port
+    probed and let go can be handed to another socket (an outgoing connection's local end)
+    before the scheduler, started in a thread a second later, binds it; the scheduler then
+    failed with EADDRINUSE and the flow waited 30 s to be refused. Bound with SO_REUSEADDR
+    and never listening, the holder keeps other binds and Linux's choice of connections'
+    local ports off the port, yet a server with SO_REUSEADDR (Dask's, through tornado) can
+    bind and listen on it. Close it once the server is up."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    return holder
+
+
 @contextlib.contextmanager
 def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     """Start an embedded cluster in a thread, so its workers come up while the caller does
@@ -246,18 +261,20 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     at once and points ``DET_TASKS_DASK_SCHEDULER`` at it for the block (clients wait for
     the scheduler to come up)."""
     n_workers = workers_that_fit(n_workers)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    holder = port_holder()
+    port = holder.getsockname()[1]
     address = f"tcp://127.0.0.1:{port}"
     stop = threading.Event()
 
     def hold() -> None:
         try:
             with embedded_cluster(n_workers, gpu_slots, port):
+                holder.close()  # the scheduler listens on the port now
                 stop.wait()
         except Exception:  # the flow's client then fails to connect, naming the address
             logging.getLogger(__name__).exception("the embedded Dask cluster failed")
+        finally:
+            holder.close()
 
     thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
     thread.start()

@@ -1,0 +1,99 @@
+"""The embedded scheduler's port is kept from other sockets until the scheduler binds it
+(flows.engine.port_holder): a probed-and-released port was once taken by an outgoing
+connection first, and the flow waited 30 s to be refused."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from tornado import netutil
+
+from flows import engine
+from flows.engine import SCHEDULER_ENV, background_cluster, port_holder
+
+
+def _plain_bind_error(port: int) -> int | None:
+    with socket.socket() as other:
+        try:
+            other.bind(("127.0.0.1", port))
+        except OSError as err:
+            return err.errno
+    return None
+
+
+def _connect_within(port: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=seconds).close()
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_held_port_is_refused_to_others_and_never_handed_out() -> None:
+    holder = port_holder()
+    port = holder.getsockname()[1]
+    try:
+        assert _plain_bind_error(port) == errno.EADDRINUSE
+        handed: set[int] = set()
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(512)
+            for _ in range(500):  # Linux picks these local ports as it picks probed ones
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    handed.add(probe.getsockname()[1])
+                with socket.create_connection(server.getsockname()) as conn:
+                    handed.add(conn.getsockname()[1])
+                    server.accept()[0].close()
+        assert port not in handed
+    finally:
+        holder.close()
+    assert _plain_bind_error(port) is None  # closed: free again
+
+
+def test_a_server_binds_and_serves_the_held_port() -> None:
+    holder = port_holder()
+    port = holder.getsockname()[1]
+    (listener,) = netutil.bind_sockets(port, address="127.0.0.1")  # as Dask's TCP listener
+    try:
+        listener.listen(8)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            accepted, _ = listener.accept()
+            accepted.close()
+    finally:
+        listener.close()
+        holder.close()
+
+
+def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def fake_cluster(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
+        seen["held while starting"] = _plain_bind_error(port)
+        (listener,) = netutil.bind_sockets(port, address="127.0.0.1")
+        listener.listen(8)
+        try:
+            yield None
+        finally:
+            listener.close()
+
+    monkeypatch.setattr(engine, "embedded_cluster", fake_cluster)
+    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    with background_cluster(1) as address:
+        port = int(address.rsplit(":", 1)[1])
+        _connect_within(port, 10.0)  # as Dask's client does: refused until it listens
+        assert address == engine.os.environ[SCHEDULER_ENV]
+    assert seen["held while starting"] == errno.EADDRINUSE
+    assert _plain_bind_error(port) is None  # the holder is closed with the cluster

@@ -19,6 +19,7 @@ only chooses which worker a trial prefers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -75,6 +76,7 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
     registered on every worker, present and future; an embedded cluster is closed after."""
     address = os.environ.get(SCHEDULER_ENV)
     if address:
+        _raise_if_it_failed_to_start(address)
         with Client(address, set_as_default=True) as client:
             _wait_for_workers(client, int(os.environ.get(EXPECTED_WORKERS_ENV, "1")))
             _register(client)
@@ -85,6 +87,30 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
         _wait_for_workers(client, n_workers)
         _register(client)
         yield client
+
+
+@dataclasses.dataclass
+class _Starting:
+    """An embedded cluster that ``background_cluster`` is starting in a thread."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+_STARTING: dict[str, _Starting] = {}  # scheduler address -> its start, while in the block
+
+
+def _raise_if_it_failed_to_start(address: str, timeout_s: float = 300.0) -> None:
+    """Wait for this process's embedded cluster at ``address`` (if it is one) to be up;
+    raise at once, naming the cause, if it failed: the client would otherwise try to
+    connect for 30 s and report only that the address refused it."""
+    starting = _STARTING.get(address)
+    if starting is None or not starting.done.wait(timeout_s) or starting.error is None:
+        return
+    raise RuntimeError(
+        f"the embedded Dask cluster at {address} failed to start: "
+        f"{type(starting.error).__name__}: {starting.error}"
+    ) from starting.error
 
 
 def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
@@ -265,16 +291,22 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     port = holder.getsockname()[1]
     address = f"tcp://127.0.0.1:{port}"
     stop = threading.Event()
+    starting = _STARTING[address] = _Starting()
 
     def hold() -> None:
         try:
             with embedded_cluster(n_workers, gpu_slots, port):
                 holder.close()  # the scheduler listens on the port now
+                starting.done.set()
                 stop.wait()
-        except Exception:  # the flow's client then fails to connect, naming the address
-            logging.getLogger(__name__).exception("the embedded Dask cluster failed")
+        except Exception as err:
+            if starting.done.is_set():  # it was up: stopping it failed
+                logging.getLogger(__name__).exception("the embedded Dask cluster failed")
+            else:
+                starting.error = err  # dask_client raises it, naming the cause
         finally:
             holder.close()
+            starting.done.set()
 
     thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
     thread.start()
@@ -286,6 +318,7 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     finally:
         stop.set()
         thread.join(timeout=60)
+        _STARTING.pop(address, None)
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)

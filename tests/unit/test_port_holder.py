@@ -1,6 +1,6 @@
 """The embedded scheduler's port is kept from other sockets until the scheduler binds it
-(flows.engine.port_holder): a probed-and-released port was once taken by an outgoing
-connection first, and the flow waited 30 s to be refused."""
+(flows.engine.port_holder), and a cluster that fails to start is reported at once, naming
+its cause: a start failed once after the flow's client had been refused for 30 s."""
 
 from __future__ import annotations
 
@@ -97,3 +97,28 @@ def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
         assert address == engine.os.environ[SCHEDULER_ENV]
     assert seen["held while starting"] == errno.EADDRINUSE
     assert _plain_bind_error(port) is None  # the holder is closed with the cluster
+
+
+def test_a_cluster_that_fails_to_start_is_reported_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @contextlib.contextmanager
+    def failing_cluster(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
+        raise OSError(errno.EADDRINUSE, "Address already in use")
+        yield None  # a generator, as the real one
+
+    monkeypatch.setattr(engine, "embedded_cluster", failing_cluster)
+    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    started = time.monotonic()
+    with (
+        background_cluster(1) as address,
+        pytest.raises(RuntimeError) as raised,
+        engine.dask_client(1),
+    ):
+        pass
+    # Named, with its cause, instead of 30 s of refused connections.
+    assert time.monotonic() - started < 10
+    assert str(raised.value) == (
+        f"the embedded Dask cluster at {address} failed to start: "
+        "OSError: [Errno 98] Address already in use"
+    )

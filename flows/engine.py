@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -55,7 +56,7 @@ __all__ = [
     "background_cluster",
     "dask_client",
     "embedded_cluster",
-    "port_holder",
+    "hold_free_port",
     "recycle",
     "release_everywhere",
     "CLIENT_SEND_INTERVAL_S",
@@ -101,16 +102,31 @@ _STARTING: dict[str, _Starting] = {}  # scheduler address -> its start, while in
 
 
 def _raise_if_it_failed_to_start(address: str, timeout_s: float = 300.0) -> None:
-    """Wait for this process's embedded cluster at ``address`` (if it is one) to be up;
-    raise at once, naming the cause, if it failed: the client would otherwise try to
-    connect for 30 s and report only that the address refused it."""
+    """Wait until this process's embedded cluster at ``address`` (if it is one) has its
+    scheduler listening, or has failed to start: then raise at once, naming the cause. The
+    client would otherwise be refused for 30 s and report only the address."""
     starting = _STARTING.get(address)
-    if starting is None or not starting.done.wait(timeout_s) or starting.error is None:
+    if starting is None:
         return
-    raise RuntimeError(
-        f"the embedded Dask cluster at {address} failed to start: "
-        f"{type(starting.error).__name__}: {starting.error}"
-    ) from starting.error
+    port = int(address.rsplit(":", 1)[1])
+    deadline = time.monotonic() + timeout_s
+    while not starting.done.wait(0.02):
+        if _listening(port) or time.monotonic() > deadline:
+            return  # connect while the workers still start, as before
+    if starting.error is not None:
+        raise RuntimeError(
+            f"the embedded Dask cluster at {address} failed to start: "
+            f"{type(starting.error).__name__}: {starting.error}; run the command again, or "
+            f"point {SCHEDULER_ENV} at a running scheduler (`dask scheduler`)"
+        ) from starting.error
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
@@ -266,18 +282,24 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             yield cluster
 
 
-def port_holder() -> socket.socket:
-    """A free local port, kept from everyone else until its server binds it. Why: a port
-    probed and let go can be handed to another socket (an outgoing connection's local end)
-    before the scheduler, started in a thread a second later, binds it; the scheduler then
-    failed with EADDRINUSE and the flow waited 30 s to be refused. Bound with SO_REUSEADDR
-    and never listening, the holder keeps other binds and Linux's choice of connections'
-    local ports off the port, yet a server with SO_REUSEADDR (Dask's, through tornado) can
-    bind and listen on it. Close it once the server is up."""
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind(("127.0.0.1", 0))
-    return holder
+def hold_free_port() -> tuple[int, socket.socket | None]:
+    """A free local port, and a socket that keeps it from everyone else until its server
+    binds it (Linux; None elsewhere). Why: a port probed and let go can be handed to another
+    socket (an outgoing connection's local end) before the scheduler, started in a thread a
+    second later, binds it; the scheduler then failed with EADDRINUSE. On Linux two
+    SO_REUSEADDR sockets may share a port while neither listens, and a bound port is never
+    picked for ``bind(0)`` or a connection's local end: the holder, bound and never
+    listening, keeps the port, and Dask's listener (tornado, SO_REUSEADDR) still binds and
+    listens on it. macOS and Windows refuse that sharing, so there the port is let go at
+    once, as before. Close the holder once the server is up."""
+    probe = socket.socket()
+    if sys.platform.startswith("linux"):
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1], probe
+    with probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1], None
 
 
 @contextlib.contextmanager
@@ -287,38 +309,44 @@ def background_cluster(n_workers: int, gpu_slots: int = 1) -> Iterator[str]:
     at once and points ``DET_TASKS_DASK_SCHEDULER`` at it for the block (clients wait for
     the scheduler to come up)."""
     n_workers = workers_that_fit(n_workers)
-    holder = port_holder()
-    port = holder.getsockname()[1]
+    port, holder = hold_free_port()
     address = f"tcp://127.0.0.1:{port}"
     stop = threading.Event()
     starting = _STARTING[address] = _Starting()
 
+    def let_go() -> None:
+        if holder is not None:
+            holder.close()
+
     def hold() -> None:
         try:
             with embedded_cluster(n_workers, gpu_slots, port):
-                holder.close()  # the scheduler listens on the port now
+                let_go()  # the scheduler listens on the port now
                 starting.done.set()
                 stop.wait()
-        except Exception as err:
+        except BaseException as err:
             if starting.done.is_set():  # it was up: stopping it failed
                 logging.getLogger(__name__).exception("the embedded Dask cluster failed")
             else:
                 starting.error = err  # dask_client raises it, naming the cause
         finally:
-            holder.close()
+            let_go()
             starting.done.set()
 
-    thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
-    thread.start()
     before = {name: os.environ.get(name) for name in (SCHEDULER_ENV, EXPECTED_WORKERS_ENV)}
-    os.environ[SCHEDULER_ENV] = address
-    os.environ[EXPECTED_WORKERS_ENV] = str(max(1, n_workers))
+    thread = threading.Thread(target=hold, name="det-tasks-dask-cluster", daemon=True)
     try:
+        thread.start()
+        os.environ[SCHEDULER_ENV] = address
+        os.environ[EXPECTED_WORKERS_ENV] = str(max(1, n_workers))
         yield address
     finally:
         stop.set()
-        thread.join(timeout=60)
-        _STARTING.pop(address, None)
+        if thread.is_alive():
+            thread.join(timeout=60)
+        let_go()
+        if _STARTING.get(address) is starting:
+            del _STARTING[address]
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -36,7 +36,8 @@ def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
         if csv.exists():
             with gzip.open(csv, "rt") as f:
                 table = np.loadtxt(f, delimiter=",")
-            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+            if table.ndim == 2 and table.shape[1] == 65:  # 64 pixels, then the label
+                return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
     from sklearn.datasets import load_digits  # another layout: its own loader
 
     digits = load_digits()

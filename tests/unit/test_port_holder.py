@@ -1,5 +1,5 @@
 """The embedded scheduler's port is kept from other sockets until the scheduler binds it
-(flows.engine.port_holder), and a cluster that fails to start is reported at once, naming
+(flows.engine.hold_free_port, Linux), and a cluster that fails to start is reported at once, naming
 its cause: a start failed once after the flow's client had been refused for 30 s."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -14,7 +15,11 @@ import pytest
 from tornado import netutil
 
 from flows import engine
-from flows.engine import SCHEDULER_ENV, background_cluster, port_holder
+from flows.engine import SCHEDULER_ENV, background_cluster, hold_free_port
+
+LINUX_ONLY = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="elsewhere the port cannot be held"
+)
 
 
 def _plain_bind_error(port: int) -> int | None:
@@ -38,9 +43,10 @@ def _connect_within(port: int, seconds: float) -> None:
             time.sleep(0.05)
 
 
+@LINUX_ONLY
 def test_held_port_is_refused_to_others_and_never_handed_out() -> None:
-    holder = port_holder()
-    port = holder.getsockname()[1]
+    port, holder = hold_free_port()
+    assert holder is not None
     try:
         assert _plain_bind_error(port) == errno.EADDRINUSE
         handed: set[int] = set()
@@ -60,9 +66,10 @@ def test_held_port_is_refused_to_others_and_never_handed_out() -> None:
     assert _plain_bind_error(port) is None  # closed: free again
 
 
+@LINUX_ONLY
 def test_a_server_binds_and_serves_the_held_port() -> None:
-    holder = port_holder()
-    port = holder.getsockname()[1]
+    port, holder = hold_free_port()
+    assert holder is not None
     (listener,) = netutil.bind_sockets(port, address="127.0.0.1")  # as Dask's TCP listener
     try:
         listener.listen(8)
@@ -74,6 +81,7 @@ def test_a_server_binds_and_serves_the_held_port() -> None:
         holder.close()
 
 
+@LINUX_ONLY
 def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,5 +128,27 @@ def test_a_cluster_that_fails_to_start_is_reported_at_once(
     assert time.monotonic() - started < 10
     assert str(raised.value) == (
         f"the embedded Dask cluster at {address} failed to start: "
-        "OSError: [Errno 98] Address already in use"
+        "OSError: [Errno 98] Address already in use; run the command again, or point "
+        f"{SCHEDULER_ENV} at a running scheduler (`dask scheduler`)"
     )
+
+
+def test_the_client_connects_once_the_scheduler_listens_not_after_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @contextlib.contextmanager
+    def slow_workers(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
+        (listener,) = netutil.bind_sockets(port, address="127.0.0.1")
+        listener.listen(8)
+        try:
+            time.sleep(3.0)  # the workers starting, after the scheduler
+            yield None
+        finally:
+            listener.close()
+
+    monkeypatch.setattr(engine, "embedded_cluster", slow_workers)
+    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    with background_cluster(1) as address:
+        started = time.monotonic()
+        engine._raise_if_it_failed_to_start(address)
+        assert time.monotonic() - started < 2.0

@@ -11,6 +11,7 @@ a 6-trial experiment used ~36 MB less each with the freeze.
 from __future__ import annotations
 
 import gc
+import warnings
 
 import torch._dynamo  # noqa: F401  (a trial's first optimizer imports it: ~1.2 s a worker)
 
@@ -23,6 +24,16 @@ __all__: list[str] = []
 # The MLflow store module for this experiment's tracking URI (the SQLAlchemy store for a
 # database: ~0.7 s a worker), imported, not opened: a connection must not cross fork.
 import_tracking_store(RegistrySettings.from_env().tracking_uri or "")
+
+# Every child re-runs the main module as __mp_main__ (multiprocessing's spawn.prepare). The
+# forkserver has imported it by name on purpose (flows.warm_forkserver), so runpy's "found
+# in sys.modules ... prior to execution" RuntimeWarning reached the user's terminal from
+# every new worker, naming a risk this preload was made to take.
+warnings.filterwarnings(
+    "ignore",
+    message=r"'[\w.]+' found in sys\.modules after import of package",
+    category=RuntimeWarning,
+)
 
 gc.collect()
 gc.freeze()

@@ -17,7 +17,13 @@ from tests.integration.helpers import env_without_platform, environment
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
-NOISE = ("Traceback", "CancelledError", "Still processing items", "Failed to send telemetry")
+NOISE = (
+    "Traceback",
+    "CancelledError",
+    "Still processing items",
+    "Failed to send telemetry",
+    "RuntimeWarning",  # runpy's, from every new worker re-running the preloaded main module
+)
 
 
 def _clean_env(home: Path) -> dict[str, str]:

@@ -81,24 +81,35 @@ def test_a_server_binds_and_serves_the_held_port() -> None:
         holder.close()
 
 
-@LINUX_ONLY
-def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _fake_cluster(
+    monkeypatch: pytest.MonkeyPatch, workers_start_s: float = 0.0
+) -> dict[str, object]:
+    """embedded_cluster as far as the port goes: its scheduler listens on it (as Dask's,
+    through tornado), then its workers take ``workers_start_s`` to start. Returns what it
+    saw: whether the port was held before the scheduler bound it."""
     seen: dict[str, object] = {}
 
     @contextlib.contextmanager
-    def fake_cluster(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
+    def cluster(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
         seen["held while starting"] = _plain_bind_error(port)
         (listener,) = netutil.bind_sockets(port, address="127.0.0.1")
         listener.listen(8)
         try:
+            time.sleep(workers_start_s)
             yield None
         finally:
             listener.close()
 
-    monkeypatch.setattr(engine, "embedded_cluster", fake_cluster)
+    monkeypatch.setattr(engine, "embedded_cluster", cluster)
     monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    return seen
+
+
+@LINUX_ONLY
+def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _fake_cluster(monkeypatch)
     with background_cluster(1) as address:
         port = int(address.rsplit(":", 1)[1])
         _connect_within(port, 10.0)  # as Dask's client does: refused until it listens
@@ -136,18 +147,7 @@ def test_a_cluster_that_fails_to_start_is_reported_at_once(
 def test_the_client_connects_once_the_scheduler_listens_not_after_the_workers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    @contextlib.contextmanager
-    def slow_workers(n_workers: int, gpu_slots: int, port: int) -> Iterator[None]:
-        (listener,) = netutil.bind_sockets(port, address="127.0.0.1")
-        listener.listen(8)
-        try:
-            time.sleep(3.0)  # the workers starting, after the scheduler
-            yield None
-        finally:
-            listener.close()
-
-    monkeypatch.setattr(engine, "embedded_cluster", slow_workers)
-    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    _fake_cluster(monkeypatch, workers_start_s=3.0)
     with background_cluster(1) as address:
         started = time.monotonic()
         engine._raise_if_it_failed_to_start(address)

@@ -37,6 +37,7 @@ __all__ = [
     "WARM_SERVICES_ENV",
     "EmbeddedPrefectServer",
     "WarmServices",
+    "accepts",
     "attach_warm_services",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
@@ -107,7 +108,7 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
     gpus_per_worker = str(recorded.get("gpus_per_worker", "0"))
     if gpus_per_worker.isdigit() and 0 < int(gpus_per_worker) < slots_per_trial:
         return None
-    if not _healthy(recorded["PREFECT_API_URL"]) or not _accepts(
+    if not _healthy(recorded["PREFECT_API_URL"]) or not accepts(
         recorded["DET_TASKS_DASK_SCHEDULER"]
     ):
         return None
@@ -121,7 +122,7 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
     )
 
 
-def _accepts(address: str) -> bool:
+def accepts(address: str) -> bool:
     """Whether something listens at ``tcp://host:port``."""
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     try:

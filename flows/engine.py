@@ -39,6 +39,7 @@ from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from det_tasks.errors import ConfigError
 from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
+from flows.embedded import accepts
 from flows.workers import (
     PLUGIN_NAME,
     HeldTrialPlugin,
@@ -108,10 +109,9 @@ def _raise_if_it_failed_to_start(address: str, timeout_s: float = 300.0) -> None
     starting = _STARTING.get(address)
     if starting is None:
         return
-    port = int(address.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout_s
     while not starting.done.wait(0.02):
-        if _listening(port) or time.monotonic() > deadline:
+        if accepts(address) or time.monotonic() > deadline:
             return  # connect while the workers still start, as before
     if starting.error is not None:
         raise RuntimeError(
@@ -119,14 +119,6 @@ def _raise_if_it_failed_to_start(address: str, timeout_s: float = 300.0) -> None
             f"{type(starting.error).__name__}: {starting.error}; run the command again, or "
             f"point {SCHEDULER_ENV} at a running scheduler (`dask scheduler`)"
         ) from starting.error
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
 
 
 def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:

@@ -1,5 +1,7 @@
 """The last module the warm workers' forkserver imports: it loads what every trial step
 needs after fork, then moves all of it into the garbage collector's permanent generation.
+It also sets what every forked worker inherits: a filter for runpy's warning about the main
+module it re-runs (below).
 
 Why: a worker forked from the server shares the server's memory until it writes to a page.
 Python's cyclic collector writes to every object it scans, so without ``gc.freeze`` a

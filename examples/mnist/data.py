@@ -31,7 +31,8 @@ def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
     ``load_digits`` returns. Read from its data file: importing ``sklearn.datasets`` took
     0.8 s of every worker's first step (it imports SciPy)."""
     spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    for folder in (spec.submodule_search_locations or []) if spec else []:
+    folders = spec.submodule_search_locations if spec else None
+    for folder in folders or []:
         csv = Path(folder) / "datasets" / "data" / "digits.csv.gz"
         if csv.exists():
             with gzip.open(csv, "rt") as f:

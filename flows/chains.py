@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
@@ -25,9 +26,9 @@ from prefect import get_run_logger
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
-from flows.engine import Placement, stop_everywhere
+from flows.engine import Placement, kill_worker_process, stop_everywhere, workers_running
 from flows.recycling import Recycler
-from flows.stopping import StopControl
+from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
 from flows.workers import StepResult, run_step
@@ -83,6 +84,8 @@ class TrialChains:
         self.releases: list[distributed.Future] = []
         self.best: dict[str, Any] | None = None
         self.stop: StopControl | None = None
+        self.grace_s = stop_grace_s()
+        self.killed: set[int] = set()  # trials whose workers _kill_overdue killed
 
     def run(
         self, todo: list[Work], searcher: Searcher, limit: int, stop: StopControl | None = None
@@ -110,11 +113,15 @@ class TrialChains:
                 waited = [*running, *self.recycler.pending()]
                 done, _ = wait_futures(waited, timeout=1.0, return_when=FIRST_COMPLETED)
                 self._poll_stop()
+                self._kill_overdue(running.values())
                 self.table.publish_if_stale()
                 for fut in done:
                     if fut not in running:  # a recycled worker is back
                         continue
                     stage = running.pop(fut)
+                    if self._was_killed(stage, fut):
+                        active -= 1
+                        continue
                     nxt = self._follow(stage, fut)
                     if nxt is not None:
                         running[_as_future(nxt.future)] = nxt
@@ -167,11 +174,50 @@ class TrialChains:
         if mode is not None:
             asked = stop_everywhere(self.placement.client, self.stop.experiment_key, mode)
             get_run_logger().warning(
-                "%s requested: %d running trial(s) stop at their next batch boundary%s",
+                "%s requested: %d running trial(s) stop at their next batch boundary%s; one "
+                "that has not within %.0f s is killed (%s); a second Ctrl-C stops at once",
                 mode,
                 asked,
                 "" if mode == "kill" else " and checkpoint there",
+                self.grace_s,
+                STOP_GRACE_ENV,
             )
+
+    def _kill_overdue(self, stages: Iterable[_Stage]) -> None:
+        """Stages still running ``stop_grace_s`` after a stop request (a trial stuck in user
+        code, where no batch boundary comes): their workers are killed, at once."""
+        if self.stop is None or not self.stop.overdue(self.grace_s):
+            return
+        client = self.placement.client
+        for stage in stages:
+            trial_id = stage.work.trial_id
+            if stage.stopped or trial_id in self.killed:
+                continue  # a stopped trial's own checkpoint is what the stop asked for
+            self.killed.add(trial_id)
+            workers = workers_running(client, self.run_key, trial_id)
+            for worker in workers:
+                kill_worker_process(client, worker)
+            get_run_logger().warning(
+                "trial %d did not reach a batch boundary within %.0f s of the %s request "
+                "(%s sets how long): killed its worker %s; no checkpoint, it continues from "
+                "its last one",
+                trial_id,
+                self.grace_s,
+                self.stop.mode,
+                STOP_GRACE_ENV,
+                ", ".join(workers) or "(none running it)",
+            )
+
+    def _was_killed(self, stage: _Stage, fut: Future[Any]) -> bool:
+        """A stage that failed because ``_kill_overdue`` killed its worker: the trial ends
+        as stopped (its run KILLED with the experiment's state), not as a failure."""
+        if stage.work.trial_id not in self.killed or fut.exception() is None:
+            return False
+        assert self.stop is not None
+        self.placement.done(stage.work.trial_id)
+        self.table.set_state(stage.work.trial_id, self.stop.state or "CANCELED")
+        self.table.publish_soon()
+        return True
 
     def _stopped(self, stage: _Stage, result: StepResult) -> None:
         """A trial stopped on request: its worker is free; its row says why."""

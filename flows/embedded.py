@@ -270,9 +270,12 @@ class EmbeddedPrefectServer:
         raise TimeoutError(f"no answer from {self.api_url} in {READY_TIMEOUT_S:.0f} s")
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        """Prefect's SubprocessASGIServer command, with SIGINT blocked in this thread so
-        the child inherits the mask (a terminal's Ctrl-C must not kill the API the flow
-        needs to record its stop)."""
+        """Prefect's SubprocessASGIServer command, in a session of its own: a terminal's
+        Ctrl-C and the SIGTERM that ``timeout``, systemd or ``kill -- -PGID`` send to the
+        flow's process group must not kill the API the flow needs to record its stop. It
+        watches the pipe on its standard input and stops (SIGTERM to itself: uvicorn's
+        graceful end) when that closes, so it ends with this process however this one
+        ends, SIGKILL included."""
         env = {
             **os.environ,
             "PREFECT_UI_ENABLED": "0",
@@ -282,14 +285,24 @@ class EmbeddedPrefectServer:
         # It otherwise logs an error per start when it cannot phone home.
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         env.pop("PREFECT_API_URL", None)
-        command = [sys.executable, "-m", "uvicorn", "--app-dir", _site_packages(), "--factory"]
+        command = [sys.executable, "-c", _UVICORN_ENDING_WITH_PARENT]
+        command += ["--app-dir", _site_packages(), "--factory"]
         command += ["prefect.server.api.server:create_app", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            return subprocess.Popen(command, env=env)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True)
+
+
+# ``python -m uvicorn ARGS`` that also ends itself gracefully once its standard input closes
+# (the parent's end of the pipe: closed by the kernel when the parent dies, however it dies).
+_UVICORN_ENDING_WITH_PARENT = (
+    "import os, runpy, signal, sys, threading\n"
+    "def watch():\n"
+    "    sys.stdin.buffer.read()\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "threading.Thread(target=watch, daemon=True).start()\n"
+    "sys.argv = ['uvicorn', *sys.argv[1:]]\n"
+    "runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)\n"
+)
 
 
 def _site_packages() -> str:

@@ -40,11 +40,13 @@ from det_tasks.errors import ConfigError
 from flows import warm_forkserver
 from flows.devices import gpu_count, gpu_groups
 from flows.embedded import accepts
+from flows.worker_deaths import DEATHS_PLUGIN_NAME, DeathRecorder
 from flows.workers import (
     PLUGIN_NAME,
     HeldTrialPlugin,
     StepRequest,
     StepResult,
+    exit_soon,
     release_all,
     request_stop,
     run_step,
@@ -58,13 +60,16 @@ __all__ = [
     "dask_client",
     "embedded_cluster",
     "hold_free_port",
+    "kill_worker_process",
     "recycle",
     "release_everywhere",
     "CLIENT_SEND_INTERVAL_S",
     "send_promptly",
     "stop_everywhere",
+    "step_key_prefix",
     "submit_step",
     "worker_memory_mb",
+    "workers_running",
     "workers_that_fit",
 ]
 
@@ -134,8 +139,11 @@ def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
 
 
 def _register(client: Client) -> None:
+    """Install what the flows need on the cluster's workers and Nannies: once per cluster
+    (both plugins are idempotent), never replacing what other experiments' trials use."""
     send_promptly(client)
     client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
+    client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
 
 
 # distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed
@@ -232,6 +240,9 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
         # for an idle worker would only force a restore.
         "distributed.scheduler.work-stealing": False,
         "distributed.worker.multiprocessing-method": "forkserver",
+        # Trials start processes of their own (DataLoader workers, subprocesses), which a
+        # daemonic worker may not; the Nanny reads this when it starts each worker.
+        "distributed.worker.daemon": False,
     }
     with dask.config.set(settings):
         _warm_forkserver()
@@ -433,12 +444,33 @@ def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int)
     return client.submit(
         run_step,
         request,
-        key=f"{request.kind}-trial-{request.trial.trial_id}-{request.stop}-{uuid.uuid4().hex[:8]}",
+        key=f"{step_key_prefix(request.trial.experiment_run_key, request.trial.trial_id)}"
+        f"{request.kind}-{request.stop}-{uuid.uuid4().hex[:8]}",
         pure=False,
         workers=[worker] if worker else None,
         allow_other_workers=bool(worker),  # Dask refuses it without workers=
         resources={"GPU": gpus} if gpus else None,
     )
+
+
+def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
+    """How every Dask key of the trial's steps begins: trial ids repeat between the
+    experiments that share a cluster, so the experiment is in it too."""
+    return f"trial-{trial_id}-of-{(experiment_key or 'local')[:8]}-"
+
+
+def workers_running(client: Client, experiment_key: str | None, trial_id: int) -> list[str]:
+    """The workers running a step of the trial now (the scheduler's view)."""
+    prefix = step_key_prefix(experiment_key, trial_id)
+
+    def look(dask_scheduler: Scheduler, prefix: str) -> list[str]:
+        return sorted(
+            ts.processing_on.address
+            for key, ts in dask_scheduler.tasks.items()
+            if isinstance(key, str) and key.startswith(prefix) and ts.processing_on is not None
+        )
+
+    return list(client.run_on_scheduler(look, prefix=prefix))
 
 
 def _task_state(client: Client, key: str) -> tuple[str | None, list[str]]:
@@ -501,6 +533,19 @@ def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:
     """Ask every worker holding one of the experiment's trials to stop it at its next batch
     boundary; the number of trials asked."""
     return sum(bool(v) for v in client.run(request_stop, experiment_key, mode).values())
+
+
+def kill_worker_process(client: Client, worker: str) -> bool:
+    """Kill ``worker``'s process, and the processes its trial started (DataLoader workers,
+    subprocesses), at once: for a trial stuck in user code that a stop request cannot
+    reach. Its Nanny starts a fresh worker; the step it ran fails (KilledWorker). True if the
+    worker was asked."""
+    try:
+        answers = client.run(exit_soon, workers=[worker], on_error="return")
+    except Exception as err:  # gone already, or the scheduler is unreachable
+        _logger.warning("could not kill Dask worker %s: %s", worker, err)
+        return False
+    return answers.get(worker) is True
 
 
 def release_everywhere(

@@ -1,7 +1,7 @@
 """The last module the warm workers' forkserver imports: it loads what every trial step
 needs after fork, then moves all of it into the garbage collector's permanent generation.
 It also sets what every forked worker inherits: a filter for runpy's warning about the main
-module it re-runs (below).
+module it re-runs, and the group signals it ignores (below).
 
 Why: a worker forked from the server shares the server's memory until it writes to a page.
 Python's cyclic collector writes to every object it scans, so without ``gc.freeze`` a
@@ -18,6 +18,7 @@ import warnings
 import torch._dynamo  # noqa: F401  (a trial's first optimizer imports it: ~1.2 s a worker)
 
 import registry.services  # noqa: F401  (opened by every trial step, after fork)
+from flows.workers import shield_from_group_signals
 from registry.settings import RegistrySettings
 from registry.tracking import import_tracking_store
 
@@ -36,6 +37,11 @@ warnings.filterwarnings(
     message=r"'[\w.]+' found in sys\.modules after import of package",
     category=RuntimeWarning,
 )
+
+# SIGINT and SIGTERM sent to the flow's process group (Ctrl-C, ``timeout``, systemd) reach the
+# server too: ignored here, the server outlives them (it ends when the flow closes its pipe)
+# and every worker it forks is shielded from birth, before its plugin is set up.
+shield_from_group_signals()
 
 gc.collect()
 gc.freeze()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -26,14 +27,53 @@ from typing import Any
 
 from distributed import Client
 
+from det_tasks.errors import ConfigError
 from flows.workers import forget_stop
 from registry.run_states import HEARTBEAT_S, heartbeat
 
-__all__ = ["STOP_STATES", "StopControl", "stop_metadata_key"]
+__all__ = [
+    "DEFAULT_STOP_GRACE_S",
+    "STOP_GRACE_ENV",
+    "STOP_STATES",
+    "StopControl",
+    "stop_grace_s",
+    "stop_metadata_key",
+    "stop_requested",
+]
 
 # What each mode leaves the experiment and its trials as (Determined's states).
 STOP_STATES = {"pause": "PAUSED", "cancel": "CANCELED", "kill": "CANCELED"}
+# How long a trial has, after a stop request, to reach its next batch boundary before its
+# worker is killed (a trial stuck in user code never reaches one).
+STOP_GRACE_ENV = "DET_TASKS_STOP_GRACE_S"
+DEFAULT_STOP_GRACE_S = 60.0
 _logger = logging.getLogger(__name__)
+
+
+def stop_grace_s() -> float:
+    """``DET_TASKS_STOP_GRACE_S`` (default 60): seconds a stopping trial may take to reach its
+    next batch boundary before it is killed."""
+    raw = os.environ.get(STOP_GRACE_ENV, str(DEFAULT_STOP_GRACE_S))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(
+            f"{STOP_GRACE_ENV}={raw!r}: expected a number of seconds >= 0 (how long a "
+            f"stopping trial may take to reach its next batch boundary; default "
+            f"{DEFAULT_STOP_GRACE_S:.0f})"
+        )
+    return value
+
+
+def stop_requested(client: Client, experiment_key: str) -> str | None:
+    """The stop mode recorded for the experiment on the scheduler (None: none)."""
+    with contextlib.suppress(Exception):
+        value = client.get_metadata(stop_metadata_key(experiment_key), None)
+        if isinstance(value, str) and value in STOP_STATES:
+            return value
+    return None
 
 
 def stop_metadata_key(experiment_key: str) -> list[str]:
@@ -61,6 +101,7 @@ class StopControl:
         self._cancelling = cancelling
         self._last_beat = 0.0
         self._pending: str | None = None  # set by a signal handler, acted on by poll()
+        self.requested_at: float | None = None  # monotonic time of the first stop request
 
     @property
     def state(self) -> str | None:
@@ -75,7 +116,13 @@ class StopControl:
         if self.mode == mode or (self.mode == "kill"):
             return False
         self.mode = mode
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
         return True
+
+    def overdue(self, grace_s: float) -> bool:
+        """A stop was requested more than ``grace_s`` seconds ago."""
+        return self.requested_at is not None and time.monotonic() - self.requested_at > grace_s
 
     def poll(self) -> str | None:
         """A new stop request since the last poll (from a signal or the Dask variable), or
@@ -89,11 +136,14 @@ class StopControl:
         if pending == "term":  # Prefect's worker cancels a flow run by SIGTERM
             pending = "cancel" if self._cancelling() else "pause"
         if pending is None:
-            with contextlib.suppress(Exception):
-                value = self.client.get_metadata(stop_metadata_key(self.experiment_key), None)
-                if isinstance(value, str) and value in STOP_STATES and value != self.mode:
-                    pending = value
+            recorded = stop_requested(self.client, self.experiment_key)
+            if recorded != self.mode:
+                pending = recorded
         if pending is not None and self.request(pending):
+            # Recorded where every step sees it: a step whose worker died is not retried
+            # into a stopping experiment (flows.tasks), whoever asked for the stop.
+            with contextlib.suppress(Exception):
+                self.client.set_metadata(stop_metadata_key(self.experiment_key), pending)
             return pending
         return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from distributed import KilledWorker, default_client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
@@ -20,6 +21,8 @@ from prefect.context import TaskRunContext
 from det_tasks.errors import StepFailed
 from det_tasks.runner.held import TrialSpec
 from flows.engine import submit_step
+from flows.stopping import stop_requested
+from flows.worker_deaths import explain_death
 from flows.workers import StepRequest, StepResult, TrialFailed
 
 __all__ = [
@@ -77,13 +80,24 @@ def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def _step(request: StepRequest, worker: str | None, gpus: int) -> StepResult:
-    """Run the step on its worker; a failure says which attempt it was."""
+    """Run the step on its worker; a failure says which attempt it was. A worker that died
+    under it is explained (exit code, likely cause), and not retried into an experiment
+    that is stopping (its trial was killed on purpose, or dies with the rest)."""
     try:
         return submit_step(request, worker, gpus)
+    except KilledWorker as err:
+        client = default_client()
+        failure = explain_death(client, err, request)
+        if stop_requested(client, request.trial.experiment_run_key or "") is not None:
+            failure.retryable = False
+        raise _counted(failure) from None
     except StepFailed as err:
-        context = TaskRunContext.get()
-        attempts = context.task_run.run_count if context is not None else 1
-        raise err.after_attempts(attempts) from None
+        raise _counted(err) from None
+
+
+def _counted(err: StepFailed) -> StepFailed:
+    context = TaskRunContext.get()
+    return err.after_attempts(context.task_run.run_count if context is not None else 1)
 
 
 @task(

@@ -29,6 +29,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from distributed import Worker, WorkerPlugin, get_worker
 
 from det_tasks.cpu_threads import worker_threads
@@ -70,15 +72,19 @@ __all__ = [
     "TrialFailed",
     "last_output",
     "STOP_MODES",
+    "exit_soon",
     "forget_stop",
     "release_all",
     "request_stop",
     "resume_candidates",
     "run_step",
+    "shield_from_group_signals",
     "step_failure",
 ]
 
 PLUGIN_NAME = "det-tasks-held-trial"
+MAX_TRIALS_ENV = "DET_TASKS_WORKER_MAX_TRIALS"  # trials a worker builds before it is recycled
+DEFAULT_MAX_TRIALS = 16
 STEP_KINDS = ("train", "validate", "checkpoint", "segment", "release")
 # Determined's verbs: pause and cancel checkpoint at the stop batch, kill does not.
 STOP_MODES = ("pause", "cancel", "kill")
@@ -158,12 +164,20 @@ def resume_candidates(
 
 
 class HeldTrialPlugin(WorkerPlugin):
-    """A worker's held trial (one at a time) and its unpacked model packages."""
+    """A worker's held trial (one at a time) and its unpacked model packages.
+
+    Registered once per cluster (``idempotent``): every flow run registers it, and Dask
+    replaces a plugin registered again under its name by tearing the old one down on every
+    worker, which released the trials other experiments held there, mid-step (their next
+    step failed and spent a restart). The first registration's settings stay."""
 
     name = PLUGIN_NAME
+    idempotent = True
 
     def __init__(self, max_trials: int | None = None) -> None:
-        self.max_trials = max_trials or int(os.environ.get("DET_TASKS_WORKER_MAX_TRIALS", "16"))
+        # None: the worker's own DET_TASKS_WORKER_MAX_TRIALS (read in setup), so whoever
+        # started the workers decides, not whichever flow registered the plugin first.
+        self.max_trials = max_trials
         self.held: HeldTrial | None = None
         self.built = 0
         self.packages: dict[str, Path] = {}
@@ -185,12 +199,17 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
+        if self.max_trials is None:
+            self.max_trials = int(os.environ.get(MAX_TRIALS_ENV, str(DEFAULT_MAX_TRIALS)))
         # For whatever runs on this worker (batch-inference shards too), not only trials.
         _train_on_the_workers_share()
-        # A terminal's Ctrl-C reaches the whole process group, embedded workers included;
-        # the flow decides how its trials stop (checkpoint first), so workers ignore it.
-        with contextlib.suppress(ValueError):  # not the main thread: nothing to change
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        shield_from_group_signals()
+        # A trial's own processes (DataLoader workers, torch.multiprocessing) start as they
+        # do in `det-tasks run` and under Determined: the platform's default method (fork on
+        # Linux), not the method this worker was started with (forkserver or spawn), whose
+        # fresh interpreters cannot unpickle a trial's objects (they import `determined`,
+        # which exists only where the harness set it up).
+        multiprocessing.set_start_method(None, force=True)
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
 
     def teardown(self, worker: Worker) -> None:
@@ -239,7 +258,7 @@ class HeldTrialPlugin(WorkerPlugin):
 
     @property
     def recycle_due(self) -> bool:
-        return self.held is None and self.built >= self.max_trials
+        return self.held is None and self.built >= (self.max_trials or DEFAULT_MAX_TRIALS)
 
     def stop(self, experiment_key: str, mode: str) -> bool:
         """Ask the held trial to stop at its next batch boundary if it is the experiment's;
@@ -266,6 +285,19 @@ class HeldTrialPlugin(WorkerPlugin):
         if not config.exists():
             config.write_text(text, encoding="utf-8")
         return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
+
+
+def shield_from_group_signals() -> None:
+    """Ignore SIGINT and SIGTERM in this worker process (its children inherit it).
+
+    Why: a terminal's Ctrl-C, and the SIGTERM that ``timeout``, ``kill -- -PGID``, systemd
+    and Kubernetes send, reach the whole process group, embedded workers included; the flow
+    decides how its trials stop (checkpoint first) and tells the workers. Dask's Nanny never
+    stops a worker by SIGTERM (it asks, then SIGKILLs), and a worker whose Nanny dies exits
+    by itself, so nothing is left behind. Only the main thread can change a disposition."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to change
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def run_step(request: StepRequest) -> StepResult:
@@ -302,7 +334,7 @@ def _run_step(request: StepRequest) -> StepResult:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
         return _result(worker, request.start, False, started, invalid_hp=str(err))
-    except Exception as err:  # building or restoring the trial failed
+    except (Exception, SystemExit) as err:  # building or restoring the trial failed
         held = plugin.held
         failure = step_failure(spec, "setup", held.position if held else request.start, err)
         plugin.release(failure)
@@ -335,7 +367,9 @@ def _run_step(request: StepRequest) -> StepResult:
     except InvalidHP as err:
         plugin.release()  # dropped by the searcher, not failed
         return _result(worker, trial.position, warm, started, invalid_hp=str(err))
-    except Exception as err:
+    # sys.exit() in the trial's code is its failure, not the worker's end (Dask's executor
+    # thread would otherwise take the worker down with it, and the user read KilledWorker).
+    except (Exception, SystemExit) as err:
         failure = step_failure(spec, request.kind, trial.position, err)
         plugin.release(failure)
         raise failure from None
@@ -412,6 +446,22 @@ def forget_stop(experiment_key: str, *, dask_worker: Worker) -> None:
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     if isinstance(plugin, HeldTrialPlugin):
         plugin.stop_modes.pop(experiment_key, None)
+
+
+EXIT_DELAY_S = 0.2  # long enough for client.run's answer to leave the worker
+
+
+def exit_soon(*, dask_worker: Worker) -> bool:
+    """Kill this worker's child processes now and the worker itself (SIGKILL) a moment
+    later (``client.run`` passes ``dask_worker``): the training thread may be stuck where no
+    stop request reaches it, so nothing here waits for it."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    timer = threading.Timer(EXIT_DELAY_S, os.kill, (os.getpid(), signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
+    return True
 
 
 def _bound(stop: int | None, trial: HeldTrial) -> int:

@@ -19,6 +19,9 @@ from pathlib import Path
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from infra.services import Service
 
+# Dask's setting ``distributed.worker.daemon`` as an environment variable (see worker_service).
+WORKER_DAEMON_ENV = "DASK_DISTRIBUTED__WORKER__DAEMON"
+
 __all__ = [
     "registered_workers",
     "scheduler_address",
@@ -95,6 +98,10 @@ def worker_service(
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
             WORKER_THREADS_ENV: str(threads),
+            # Trials start processes of their own (DataLoader workers, subprocesses), which
+            # a daemonic worker may not ("daemonic processes are not allowed to have
+            # children"); the Nanny reads this when it starts the worker.
+            WORKER_DAEMON_ENV: "False",
             **(env or {}),
             **own_gpus,
         },

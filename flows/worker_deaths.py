@@ -1,0 +1,151 @@
+"""Why a Dask worker died under a trial's step, in the words a user acts on.
+
+Dask reports a worker that died mid-task as ``KilledWorker: ... Inspecting worker logs is
+often a good next step``: no exit code, no trial, and the worker's logs are gone with it.
+The worker's Nanny (its parent) is the one that sees the exit code; it logs it at INFO
+("Worker process 123 was killed by signal 9"). ``DeathRecorder``, a Nanny plugin registered
+once per cluster, keeps those lines (the Nanny's logger may be set quieter than INFO, so it
+takes them before that level applies and passes on only what was shown before), and
+``explain_death`` asks every Nanny for them and builds the one line: trial, phase, batches,
+exit code or signal, a likely cause, and the worker's last log lines where they are in a
+file (a stack worker's log).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed import Client, Nanny
+from distributed.diagnostics.plugin import NannyPlugin
+
+from det_tasks.errors import StepFailed
+from flows.workers import StepRequest
+
+__all__ = ["DEATHS_PLUGIN_NAME", "DeathRecorder", "death_cause", "explain_death"]
+
+DEATHS_PLUGIN_NAME = "det-tasks-worker-deaths"
+_NANNY_LOGGER = "distributed.nanny"
+_DEATH = re.compile(
+    r"Worker process (\d+) (?:exited with status (-?\d+)|was killed by signal (\d+))"
+)
+_KEPT = 32  # deaths remembered per Nanny
+LOG_LINES = 20  # the worker's last log lines quoted
+
+
+class _DeathLog(logging.Handler):
+    """Keeps the Nanny's death lines; passes every record the logger showed before on."""
+
+    def __init__(self, deaths: collections.deque[dict[str, Any]], shown_from: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.deaths, self.shown_from = deaths, shown_from
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            found = _DEATH.search(record.getMessage())
+            if found:
+                pid, status, sig = found.groups()
+                code = int(status) if status is not None else -int(sig)
+                self.deaths.append({"pid": int(pid), "exitcode": code, "at": time.time()})
+        if record.levelno >= self.shown_from and record.name.startswith(_NANNY_LOGGER):
+            parent = logging.getLogger(_NANNY_LOGGER).parent
+            if parent is not None:
+                parent.handle(record)
+
+
+class DeathRecorder(NannyPlugin):
+    """Records, in each Nanny, the exit codes of the worker processes it lost."""
+
+    name = DEATHS_PLUGIN_NAME
+    idempotent = True  # once per cluster, whichever flow registers it first
+
+    def __init__(self) -> None:
+        self.deaths: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
+        self._handler: _DeathLog | None = None
+
+    def setup(self, nanny: Nanny) -> None:
+        logger = logging.getLogger(_NANNY_LOGGER)
+        self._handler = _DeathLog(self.deaths, logger.getEffectiveLevel())
+        logger.addHandler(self._handler)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        logger.propagate = False  # the handler passes on what was shown before
+
+    def teardown(self, nanny: Nanny) -> None:
+        logger = logging.getLogger(_NANNY_LOGGER)
+        if self._handler is not None:
+            logger.removeHandler(self._handler)
+            logger.setLevel(self._handler.shown_from)
+            logger.propagate = True
+
+
+def _nanny_report(dask_worker: Nanny) -> dict[str, Any]:
+    """What this Nanny knows of its worker's deaths (``client.run(..., nanny=True)``)."""
+    plugin = dask_worker.plugins.get(DEATHS_PLUGIN_NAME)
+    deaths = list(plugin.deaths) if isinstance(plugin, DeathRecorder) else []
+    return {"name": str(dask_worker.name), "deaths": deaths, "log": _own_log_tail()}
+
+
+def _own_log_tail(lines: int = LOG_LINES) -> list[str]:
+    """The last lines of this process's standard error when it is a file (a stack
+    worker's log, which its worker process writes to as well); else none."""
+    with contextlib.suppress(OSError):
+        target = Path(os.readlink("/proc/self/fd/2"))
+        if target.is_file():
+            with target.open("rb") as log:
+                log.seek(max(0, target.stat().st_size - 64 * 1024))
+                text = log.read().decode("utf-8", errors="replace")
+            return text.splitlines()[-lines:]
+    return []
+
+
+def death_cause(exitcode: int | None) -> str:
+    """The exit code or signal, and what most likely caused it."""
+    if exitcode is None:
+        return "its process ended (exit code unknown: its host or its Nanny went too?)"
+    if exitcode < 0:
+        number = -exitcode
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(number).name
+            if number == signal.SIGKILL:
+                return (
+                    f"killed by signal {number} ({name}): out of memory? (the kernel's OOM "
+                    "killer sends it; see `dmesg`), or killed by hand"
+                )
+            if number == signal.SIGSEGV:
+                return f"killed by signal {number} ({name}): a crash in native code"
+            return f"killed by signal {number} ({name})"
+        return f"killed by signal {number}"
+    return (
+        f"exited with code {exitcode}: the trial's code (or a library it calls) ended the "
+        "process, e.g. os._exit()"
+    )
+
+
+def explain_death(client: Client, err: BaseException, request: StepRequest) -> StepFailed:
+    """A ``StepFailed`` for ``request``, whose worker died (``err``: Dask's KilledWorker)."""
+    last = getattr(err, "last_worker", None)
+    name = str(getattr(last, "name", "") or "")
+    address = str(getattr(last, "address", "") or "unknown")
+    reports: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        reports = client.run(_nanny_report, nanny=True, on_error="return")
+    mine = [r for r in reports.values() if isinstance(r, dict) and r.get("name") == name]
+    deaths = mine[0]["deaths"] if mine else []
+    log = mine[0]["log"] if mine else []
+    tail = ("; its last log lines:\n" + "\n".join(log)) if log else ""
+    stop = "the end" if request.stop is None else str(request.stop)
+    where = f" (in batches {request.start}..{stop})" if request.kind == "train" else ""
+    cause = death_cause(deaths[-1]["exitcode"] if deaths else None)
+    return StepFailed(
+        request.trial.trial_id,
+        request.kind,
+        request.start,
+        f"its Dask worker {name or address} died{where}: {cause}{tail}",
+    )

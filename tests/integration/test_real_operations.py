@@ -1,0 +1,188 @@
+"""Real trials under real operations, without servers (``python -m flows.experiment`` in a
+home of its own, its own process group as a terminal's job): DataLoader worker processes in
+a flow, SIGTERM to the whole process group (what ``timeout``, ``kill -- -PGID``, systemd and
+Kubernetes send), a trial stuck in ``train_batch`` stopped at the default grace, and a trial
+that ends its own worker process, explained in one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import home_env
+
+REPO = Path(__file__).resolve().parents[2]
+FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
+CONFIG = FLOW_MODEL / "killable.yaml"  # one trial, 120 batches, checkpoints every 30
+
+
+def _experiment(home: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(CONFIG), *overrides],
+        cwd=home,
+        env=home_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, float]:
+    started = time.monotonic()
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as late:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"still running after {timeout_s} s:\n{late.stderr!r:.6000}") from None
+    return stderr, time.monotonic() - started
+
+
+def _wait_for(pid_file: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 300
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), proc.communicate()[1][-3000:]
+
+
+def _group_alive(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [" ".join(r) for r in rows if r[0] == str(pgid) and not r[1].startswith("Z")]
+
+
+def _runs(home: Path) -> list:
+    from registry.tracking import client_for
+
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("flow-killable")
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id])
+
+
+def _alive(pids: list[int]) -> list[int]:
+    import psutil
+
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_dataloader_worker_processes_run_in_a_flow(tmp_path: Path) -> None:
+    """Most real trials load data with worker processes; Dask's workers are daemonic by
+    default, which refuses them ("daemonic processes are not allowed to have children")."""
+    pytest.importorskip("mlflow")
+    proc = _experiment(
+        tmp_path,
+        "hyperparameters.sleep_s=0",
+        "searcher.max_length.batches=40",
+        "data.loader_workers=2",
+    )
+    stderr, _ = _finish(proc, 300)
+    assert proc.returncode == 0, stderr[-3000:]
+    runs = _runs(tmp_path)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert trial.data.metrics["progress/batches"] == 40
+
+
+def test_sigterm_to_the_process_group_pauses_with_a_checkpoint_and_exits(tmp_path: Path) -> None:
+    """SIGTERM reaches every process of the group (Dask workers, Prefect's server): it must
+    do what SIGTERM to the main process does, a pause with a checkpoint at the stop batch."""
+    pytest.importorskip("mlflow")
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    pid_file = tmp_path / "pids"
+    proc = _experiment(tmp_path, "hyperparameters.sleep_s=0.1", f"data.pid_file={pid_file}")
+    _wait_for(pid_file, proc)
+    time.sleep(4)
+    os.killpg(proc.pid, signal.SIGTERM)
+    stderr, took = _finish(proc, 120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert took <= 30, f"exit took {took:.1f} s"
+    assert "KilledWorker" not in stderr
+    assert re.search(r"--activate [0-9a-f-]{36}", stderr), stderr[-2000:]
+    time.sleep(1)
+    assert _group_alive(proc.pid) == []
+    runs = _runs(tmp_path)
+    assert {r.info.status for r in runs} == {"KILLED"}
+    assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
+    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
+    stopped_at = int(trial.data.metrics["progress/batches"])
+    steps = [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)]
+    assert 0 < stopped_at < 120
+    assert steps[-1] == stopped_at  # the pause checkpoint, at the stop batch
+
+
+@pytest.mark.slow
+def test_a_trial_stuck_in_train_batch_is_killed_at_the_default_grace(tmp_path: Path) -> None:
+    """One Ctrl-C: the first message says how long a trial has and that a second Ctrl-C
+    stops at once; the stuck trial's worker (and its DataLoader workers) is killed after the
+    default 60 s, its run ends KILLED, and the command exits with nothing left behind."""
+    pytest.importorskip("mlflow")
+    import psutil
+
+    pid_file = tmp_path / "pids"
+    proc = _experiment(
+        tmp_path,
+        "hyperparameters.sleep_s=0",
+        "data.stuck_at_batch=5",
+        "data.loader_workers=2",
+        f"data.pid_file={pid_file}",
+    )
+    _wait_for(pid_file, proc)
+    worker = int(pid_file.read_text().split()[0])
+    time.sleep(3)  # stuck at batch 5 by now
+    loaders = [c.pid for c in psutil.Process(worker).children(recursive=True)]
+    assert loaders, "the trial's DataLoader workers should be running"
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr, took = _finish(proc, 180)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "within 60 s is killed (DET_TASKS_STOP_GRACE_S)" in stderr, stderr[-3000:]
+    assert "a second Ctrl-C stops at once" in stderr
+    assert "trial 1 did not reach a batch boundary within 60 s of the pause request" in stderr
+    assert 60 <= took <= 100, f"exit took {took:.1f} s"
+    time.sleep(1)
+    assert _group_alive(proc.pid) == []
+    assert _alive([worker, *loaders]) == []
+    runs = _runs(tmp_path)
+    assert {r.info.status for r in runs} == {"KILLED"}
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("os_exit", "died (in batches 0..120): exited with code 3"),
+        ("sys_exit", "failed in train_batch at batch 3: SystemExit: 3"),
+    ],
+)
+def test_a_trial_that_ends_its_own_process_is_explained(
+    tmp_path: Path, how: str, says: str
+) -> None:
+    """``os._exit(3)`` kills the worker: the last line names the trial, the phase, the
+    batches, the exit code and a likely cause, not Dask's KilledWorker. ``sys.exit(3)`` is
+    the trial's failure, not the worker's end."""
+    pytest.importorskip("mlflow")
+    proc = _experiment(
+        tmp_path,
+        "hyperparameters.sleep_s=0",
+        "data.exit_at_batch=3",
+        f"data.exit_how={how}",
+        "max_restarts=0",
+    )
+    stderr, _ = _finish(proc, 300)
+    assert proc.returncode == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: trial 1 failed in "), last
+    assert says in last, last
+    assert "KilledWorker" not in stderr
+    runs = _runs(tmp_path)
+    assert {r.info.status for r in runs} == {"FAILED"}

@@ -128,24 +128,40 @@ def death_cause(exitcode: int | None) -> str:
     )
 
 
+REPORT_WAIT_S = 10.0  # for the Nanny to notice the death and start a fresh worker
+
+
 def explain_death(client: Client, err: BaseException, request: StepRequest) -> StepFailed:
     """A ``StepFailed`` for ``request``, whose worker died (``err``: Dask's KilledWorker)."""
     last = getattr(err, "last_worker", None)
-    name = str(getattr(last, "name", "") or "")
-    address = str(getattr(last, "address", "") or "unknown")
-    reports: dict[str, Any] = {}
-    with contextlib.suppress(Exception):
-        reports = client.run(_nanny_report, nanny=True, on_error="return")
-    mine = [r for r in reports.values() if isinstance(r, dict) and r.get("name") == name]
-    deaths = mine[0]["deaths"] if mine else []
-    log = mine[0]["log"] if mine else []
+    name = str(getattr(last, "name", ""))
+    report = _report_of(client, name, time.time() - REPORT_WAIT_S)
+    deaths, log = report.get("deaths", []), report.get("log", [])
     tail = ("; its last log lines:\n" + "\n".join(log)) if log else ""
-    stop = "the end" if request.stop is None else str(request.stop)
-    where = f" (in batches {request.start}..{stop})" if request.kind == "train" else ""
+    where = f" while training from batch {request.start}" if request.kind == "train" else ""
     cause = death_cause(deaths[-1]["exitcode"] if deaths else None)
+    worker = name or str(getattr(last, "address", "") or "unknown")
     return StepFailed(
         request.trial.trial_id,
         request.kind,
         request.start,
-        f"its Dask worker {name or address} died{where}: {cause}{tail}",
+        f"its Dask worker {worker} died{where}: {cause}{tail}",
     )
+
+
+def _report_of(client: Client, name: str, since: float) -> dict[str, Any]:
+    """The Nanny of worker ``name``'s report once it names a death after ``since``. Dask
+    reaches a Nanny through its worker's registration, so this waits for the fresh worker
+    (REPORT_WAIT_S at most: a host that is gone has no Nanny to answer)."""
+    deadline = time.monotonic() + REPORT_WAIT_S
+    while True:
+        reports: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            reports = client.run(_nanny_report, nanny=True, on_error="return")
+        for report in reports.values():
+            named = isinstance(report, dict) and report.get("name") == name
+            if named and any(d["at"] >= since for d in report["deaths"]):
+                return report
+        if time.monotonic() > deadline:
+            return {}
+        time.sleep(0.25)

@@ -160,7 +160,7 @@ def test_a_trial_stuck_in_train_batch_is_killed_at_the_default_grace(tmp_path: P
 @pytest.mark.parametrize(
     ("how", "says"),
     [
-        ("os_exit", "died (in batches 0..120): exited with code 3"),
+        ("os_exit", "died while training from batch 0: exited with code 3"),
         ("sys_exit", "failed in train_batch at batch 3: SystemExit: 3"),
     ],
 )

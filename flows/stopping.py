@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,6 +168,7 @@ class StopControl:
             self.signals += 1
             if self.signals > 1:
                 self._pending = "kill"
+                print("second signal: stopping at once, without a checkpoint", file=sys.stderr)
                 raise KeyboardInterrupt  # at once: the flow's cleanup still ends the runs
             self._pending = "term" if signum == signal.SIGTERM else "pause"
 

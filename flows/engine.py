@@ -47,6 +47,7 @@ from flows.workers import (
     StepRequest,
     StepResult,
     exit_soon,
+    holds_foreign_trial,
     release_all,
     request_stop,
     run_step,
@@ -562,8 +563,9 @@ class Placement:
     trial has claimed that worker; a trial starting a segment otherwise gets a worker no
     running trial has claimed (Dask picks when every worker is claimed)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, experiment_key: str | None = None) -> None:
         self.client = client
+        self.experiment_key = experiment_key
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
         # Workers being recycled (flows.recycling): given nothing until they are back.
@@ -584,13 +586,23 @@ class Placement:
             choice: str | None = home
         else:
             homes = set(self.home.values())
-            free = [w for w in workers if w not in self.claimed]
+            taken = self._held_by_other_experiments()
+            free = [w for w in workers if w not in self.claimed and w not in taken]
             # Prefer a worker that holds no trial at all, then any unclaimed one.
             free.sort(key=lambda w: w in homes)
             choice = free[0] if free else None
         if choice is not None:
             self.claimed[choice] = trial_id
         return choice
+
+    def _held_by_other_experiments(self) -> set[str]:
+        """Workers holding another experiment's active trial (a shared cluster): pinning a
+        step there would only queue it behind that trial's chain."""
+        try:
+            answers = self.client.run(holds_foreign_trial, self.experiment_key)
+        except Exception:  # a worker leaving mid-call: place as if none were taken
+            return set()
+        return {worker for worker, held in answers.items() if held is True}
 
     def ran(self, trial_id: int, worker: str) -> None:
         """The trial's step ran on ``worker``: it holds the trial now (and nothing else)."""

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from distributed import Worker, WorkerPlugin, get_worker
+from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
 from det_tasks.cpu_threads import worker_threads
 from det_tasks.errors import (
@@ -74,6 +74,7 @@ __all__ = [
     "STOP_MODES",
     "exit_soon",
     "forget_stop",
+    "holds_foreign_trial",
     "release_all",
     "request_stop",
     "resume_candidates",
@@ -83,6 +84,10 @@ __all__ = [
 ]
 
 PLUGIN_NAME = "det-tasks-held-trial"
+# Another experiment's held trial counts as active (not to be evicted) this long after its
+# latest step; a step that finds one waits RESCHEDULE_PAUSE_S and asks Dask to place it again.
+FOREIGN_ACTIVE_S = 10.0
+RESCHEDULE_PAUSE_S = 0.2
 MAX_TRIALS_ENV = "DET_TASKS_WORKER_MAX_TRIALS"  # trials a worker builds before it is recycled
 DEFAULT_MAX_TRIALS = 16
 STEP_KINDS = ("train", "validate", "checkpoint", "segment", "release")
@@ -186,6 +191,7 @@ class HeldTrialPlugin(WorkerPlugin):
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
+        self.last_step_end = 0.0  # monotonic: when this worker's latest step ended
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to each worker by the client: everything but the (per-process) event."""
@@ -226,6 +232,7 @@ class HeldTrialPlugin(WorkerPlugin):
             and request.start <= held.position <= _bound(request.stop, held)
         ):
             return held, True
+        self.make_room_for(spec)
         self.release()
         _train_on_the_workers_share()
         resume = resume_candidates(
@@ -236,6 +243,30 @@ class HeldTrialPlugin(WorkerPlugin):
         if self.held.position < request.start:
             self.held.train_to(request.start)  # replay: exact, from the restored checkpoint
         return self.held, False
+
+    def make_room_for(self, spec: TrialSpec) -> None:
+        """Refuse to evict another experiment's trial while its chain is active (raises
+        Dask's Reschedule, after a pause, so the step goes to another worker or comes back
+        later). Experiments share the workers of a stack, and each flow places its own steps
+        only: a step of one landed between two steps of another's trial, evicted it, and
+        that trial replayed its batches from its last checkpoint (from batch 0 without
+        one). A trial idle for FOREIGN_ACTIVE_S (waiting on its searcher, or its flow is
+        gone) is evicted as before: it restores from its checkpoint when needed."""
+        held = self.held
+        if held is None or held.spec.experiment_run_key == spec.experiment_run_key:
+            return
+        if time.monotonic() - self.last_step_end < FOREIGN_ACTIVE_S:
+            time.sleep(RESCHEDULE_PAUSE_S)
+            raise Reschedule()
+
+    def foreign_active(self, experiment_key: str | None) -> bool:
+        """Whether this worker holds another experiment's trial whose chain is active."""
+        held = self.held
+        return (
+            held is not None
+            and held.spec.experiment_run_key != experiment_key
+            and time.monotonic() - self.last_step_end < FOREIGN_ACTIVE_S
+        )
 
     def release(self, error: BaseException | None = None) -> None:
         """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
@@ -309,8 +340,13 @@ def run_step(request: StepRequest) -> StepResult:
     in a worker at 71.9 ms of CPU and 9,535 faults, 43.3 ms and 31 faults inside the block
     (a plain process: 57.0 ms). The heap is trimmed after the step, so the worker still
     returns memory between steps as Dask intends."""
-    with reuse_freed_memory():
-        return _run_step(request)
+    try:
+        with reuse_freed_memory():
+            return _run_step(request)
+    finally:
+        plugin = get_worker().plugins.get(PLUGIN_NAME)
+        if isinstance(plugin, HeldTrialPlugin):
+            plugin.last_step_end = time.monotonic()
 
 
 def _run_step(request: StepRequest) -> StepResult:
@@ -446,6 +482,12 @@ def forget_stop(experiment_key: str, *, dask_worker: Worker) -> None:
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     if isinstance(plugin, HeldTrialPlugin):
         plugin.stop_modes.pop(experiment_key, None)
+
+
+def holds_foreign_trial(experiment_key: str | None, *, dask_worker: Worker) -> bool:
+    """Whether this worker holds another experiment's active trial (``client.run``)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return isinstance(plugin, HeldTrialPlugin) and plugin.foreign_active(experiment_key)
 
 
 EXIT_DELAY_S = 0.2  # long enough for client.run's answer to leave the worker

@@ -74,6 +74,7 @@ __all__ = [
     "STOP_MODES",
     "exit_soon",
     "forget_stop",
+    "holds_a_trial",
     "holds_foreign_trial",
     "release_all",
     "request_stop",
@@ -482,6 +483,12 @@ def forget_stop(experiment_key: str, *, dask_worker: Worker) -> None:
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     if isinstance(plugin, HeldTrialPlugin):
         plugin.stop_modes.pop(experiment_key, None)
+
+
+def holds_a_trial(*, dask_worker: Worker) -> bool:
+    """Whether this worker holds any trial (``client.run``)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return isinstance(plugin, HeldTrialPlugin) and plugin.held is not None
 
 
 def holds_foreign_trial(experiment_key: str | None, *, dask_worker: Worker) -> bool:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +174,25 @@ def read_json(path: Path) -> Any:
         raise CheckpointError(f"checkpoint file {str(path)!r} is unreadable: {err}") from None
 
 
-def copy_code(model_dir: Path, dest: Path) -> None:
-    """Copy the model directory (as Determined did) minus ``.detignore`` matches and
-    credential files, refusing one over 96 MB."""
+def copy_code(model_dir: Path, dest: Path, excluded_dirs: Sequence[Path] = ()) -> None:
+    """Copy the model directory (as Determined did) minus ``.detignore`` matches,
+    credential files and checkpoint folders, refusing one over 96 MB.
+
+    The folder ``dest`` is staged in (the store's) is left out wherever it is inside the
+    model directory, with ``excluded_dirs`` (the config's checkpoint folders,
+    ``det_tasks.config.storage_paths.code_exclusions``): else each checkpoint's copy
+    holds every checkpoint before it."""
     from det_tasks.packaging import model_files
 
-    files = model_files(model_dir, [f"{d}/" for d in _SKIP_CODE])
+    store_root = dest.resolve().parent
+    if store_root == model_dir.resolve():
+        raise CheckpointError(
+            f"checkpoints are written into the model directory {str(model_dir)!r} itself: "
+            "each one would copy the ones before it; point checkpoint_storage at a "
+            "subfolder such as ./checkpoints"
+        )
+    excluded = [*excluded_dirs, store_root, dest]
+    files = model_files(model_dir, [f"{d}/" for d in _SKIP_CODE], excluded)
     total = sum(path.stat().st_size for _, path in files)
     if total > MAX_CODE_BYTES:
         raise CheckpointError(

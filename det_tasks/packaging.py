@@ -16,6 +16,7 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pathspec
@@ -74,14 +75,26 @@ def _ignore_spec(model_dir: Path, extra: list[str] | None = None) -> pathspec.Gi
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def model_files(model_dir: Path, extra_ignored: list[str] | None = None) -> list[tuple[str, Path]]:
+def model_files(
+    model_dir: Path,
+    extra_ignored: list[str] | None = None,
+    excluded_dirs: Sequence[Path] = (),
+) -> list[tuple[str, Path]]:
     """(relative name, path) of every file a package or a checkpoint's code/ copy takes:
-    minus ``.detignore`` matches, credentials (``SECRET_FILES``) and ``extra_ignored``."""
+    minus ``.detignore`` matches, credentials (``SECRET_FILES``), ``extra_ignored`` and
+    the folders ``excluded_dirs`` (checkpoint folders: matched by location, since a
+    pattern cannot say "this ./ckpt, not a package's ckpt/")."""
     spec = _ignore_spec(model_dir, extra_ignored)
+    excluded = _relative_dirs(model_dir, excluded_dirs)
     found: list[tuple[str, Path]] = []
     for root, dirs, names in os.walk(model_dir):
         rel_root = Path(root).relative_to(model_dir)
-        dirs[:] = sorted(d for d in dirs if not spec.match_file(f"{(rel_root / d).as_posix()}/"))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not spec.match_file(f"{(rel_root / d).as_posix()}/")
+            and (rel_root / d).as_posix() not in excluded
+        )
         for name in sorted(names):
             rel = (rel_root / name).as_posix()
             path = Path(root) / name
@@ -91,12 +104,29 @@ def model_files(model_dir: Path, extra_ignored: list[str] | None = None) -> list
     return found
 
 
-def pack_model_dir(model_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> PackedModel:
-    """``model_dir`` (minus ``.detignore`` matches) as a deterministic ``.tar.gz``."""
+def _relative_dirs(model_dir: Path, dirs: Sequence[Path]) -> set[str]:
+    """``dirs`` that lie inside ``model_dir``, as paths relative to it (links resolved)."""
+    base = model_dir.resolve()
+    inside = set()
+    for folder in dirs:
+        resolved = Path(folder).expanduser().resolve()
+        if base in resolved.parents:
+            inside.add(resolved.relative_to(base).as_posix())
+    return inside
+
+
+def pack_model_dir(
+    model_dir: str | Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    excluded_dirs: Sequence[Path] = (),
+) -> PackedModel:
+    """``model_dir`` (minus ``.detignore`` matches and ``excluded_dirs``, the config's
+    checkpoint folders: ``det_tasks.config.storage_paths.code_exclusions``) as a
+    deterministic ``.tar.gz``."""
     root = Path(model_dir)
     if not root.is_dir():
         raise PackageError(f"model directory {str(root)!r} does not exist or is not a folder")
-    files = model_files(root)
+    files = model_files(root, excluded_dirs=excluded_dirs)
     sizes = [(path.stat().st_size, rel) for rel, path in files]
     total = sum(size for size, _ in sizes)
     if total > max_bytes:

@@ -15,6 +15,7 @@ import random
 from typing import Any
 
 from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.config.grid import grid_leaves, grid_problem, grid_trial_count
 from det_tasks.config.hyperparameters import grid_values, sample_hparams
 from det_tasks.errors import ConfigError
 from det_tasks.plugins import load_one
@@ -319,22 +320,20 @@ def _rung_lengths(max_batches: int, rungs: int, divisor: float) -> list[int]:
     return lengths
 
 
-def _grid(space: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
-    leaves: list[tuple[list[str], list[Any]]] = []
-
-    def walk(node: dict[str, Any], path: list[str]) -> None:
-        for name, value in node.items():
-            if isinstance(value, dict):
-                walk(value, [*path, name])
-            else:
-                try:
-                    leaves.append(([*path, name], grid_values(value)))
-                except ValueError as err:
-                    raise ConfigError(f"hyperparameters.{'.'.join([*path, name])}: {err}") from None
-
-    walk(space, [])
+def _grid(space: dict[str, Any], max_trials: int | None = None) -> list[dict[str, Any]]:
+    """The grid's first ``max_trials`` points (all without it), refused past the limit
+    (``det_tasks.config.grid``) before any point is made."""
+    try:
+        grid_trial_count(space)  # names a range without `count`
+        problem = grid_problem(space, max_trials)
+        leaves = [(path, grid_values(leaf)) for path, leaf in grid_leaves(space)]
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if problem is not None:
+        raise ConfigError(problem)
     trials = []
-    for combo in itertools.product(*(values for _, values in leaves)):
+    combos = itertools.product(*(values for _, values in leaves))
+    for combo in itertools.islice(combos, max_trials):
         hp: dict[str, Any] = {}
         for (path, _), value in zip(leaves, combo):
             node = hp
@@ -356,10 +355,7 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
     if s.name == "single":
         return Searcher([sample_hparams(space, random.Random(seed))], max_batches)
     if s.name == "grid":
-        trials = _grid(space)
-        if s.max_trials is not None:
-            trials = trials[: s.max_trials]
-        return Searcher(trials, max_batches)
+        return Searcher(_grid(space, s.max_trials), max_batches)
     if s.name == "random":
         assert s.max_trials is not None
         return RandomSearcher(space, seed, s.max_trials, max_batches)

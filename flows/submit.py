@@ -85,11 +85,14 @@ def submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
     )
 
 
-def _ship(model_dir: Path, max_mb: float) -> str:
+def _ship(model_dir: Path, max_mb: float, excluded_dirs: list[Path] | None = None) -> str:
+    """Pack and upload the model directory, minus its checkpoint folders (``excluded_dirs``)."""
     from det_tasks.packaging import pack_model_dir
     from registry.packages import upload_package
 
-    packed = pack_model_dir(model_dir, max_bytes=int(max_mb * 2**20))
+    packed = pack_model_dir(
+        model_dir, max_bytes=int(max_mb * 2**20), excluded_dirs=excluded_dirs or ()
+    )
     uri, uploaded = upload_package(packed)
     verb = "Uploaded" if uploaded else "Reusing identical, already uploaded"
     print(
@@ -107,7 +110,7 @@ def _start(deployment: str, parameters: dict[str, Any]) -> Any:
     except Exception as err:  # prefect raises several types for a missing deployment / server
         raise DetTasksError(
             f"could not start deployment {deployment!r} ({type(err).__name__}: {err}); is the "
-            "Prefect server up and are the deployments registered (make up && make deploy)?"
+            "Prefect server up and are the deployments registered (`make up` registers them)?"
         ) from None
 
 
@@ -120,13 +123,15 @@ def _ui_url(flow_run_id: Any) -> str:
 
 def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     """``shown_id`` prints the flow-run id (``det`` shows its 8-character short form)."""
+    from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
     from det_tasks.runner.local import load_raw_config
     from registry.settings import RegistrySettings
     from registry.tracking import client_for, ensure_experiment, mlflow_link
 
-    _, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
+    raw, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
+    check_storage_beside_code(cfg, args.model_dir)
     config_text = args.config.read_text(encoding="utf-8")
-    package = _ship(args.model_dir, args.max_package_mb)
+    package = _ship(args.model_dir, args.max_package_mb, code_exclusions(raw, args.model_dir))
     flow_run = _start(
         args.deployment,
         {

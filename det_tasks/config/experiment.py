@@ -10,7 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from det_tasks.config.grid import grid_problem
 from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
+from det_tasks.config.names import experiment_name_problem
 from det_tasks.errors import ConfigError
 
 __all__ = [
@@ -212,6 +214,14 @@ class ExperimentConfig(_Strict):
     def _parse_hparams(cls, raw: Any) -> dict[str, Any]:
         return parse_hyperparameters(raw if raw is not None else {})
 
+    @field_validator("name")
+    @classmethod
+    def _name_accepted(cls, value: str | None) -> str | None:
+        problem = None if value is None else experiment_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"MLflow names the experiment after it, and {problem}")
+        return value
+
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, value: str | list[str]) -> str | list[str]:
@@ -244,6 +254,10 @@ class ExperimentConfig(_Strict):
                 "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
                 + (" (or time_metric + max_time)" if self.searcher.name == "adaptive_asha" else "")
             )
+        if self.searcher.name == "grid":
+            problem = grid_problem(self.hyperparameters, self.searcher.max_trials)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     @property

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from det_tasks.config.names import PARAM_KEY_PREFIX, param_key_problem
+
 __all__ = [
     "CategoricalHP",
     "ConstHP",
@@ -20,6 +22,7 @@ __all__ = [
     "IntHP",
     "LogHP",
     "flatten_hparams",
+    "grid_size",
     "grid_values",
     "parse_hyperparameters",
     "sample_hparams",
@@ -64,7 +67,11 @@ class DoubleHP(_HP):
 
 
 class LogHP(_HP):
-    """Values are ``base ** x`` for x uniform in [minval, maxval] (Determined's definition)."""
+    """Values are ``base ** x`` for x uniform in [minval, maxval] (Determined's definition).
+
+    Determined's schema (schemas/expconf/v0/hyperparameter-log.json) takes any base > 0.
+    A base in (0, 1) is kept: it is still log-uniform, from base**minval down to
+    base**maxval. Base 1 is refused: every value would be 1.0."""
 
     type: Literal["log"]
     minval: float
@@ -76,6 +83,13 @@ class LogHP(_HP):
     def _ordered(self) -> LogHP:
         if not (math.isfinite(self.minval) and math.isfinite(self.maxval)):
             raise ValueError("minval and maxval must be finite numbers")
+        if not math.isfinite(self.base):
+            raise ValueError(f"base must be a finite number, e.g. 10; got {self.base}")
+        if self.base == 1:
+            raise ValueError(
+                "base 1 makes every value 1.0 (values are base ** x for x in [minval, "
+                "maxval]): use base 10 (or 2, or e), or type: const for a fixed value"
+            )
         if self.minval > self.maxval:
             raise ValueError(f"minval {self.minval} is greater than maxval {self.maxval}")
         return self
@@ -105,11 +119,37 @@ def parse_hyperparameters(
             raise ValueError(f"hyperparameter names must be strings, got {name!r}")
         if isinstance(value, dict) and "type" in value:
             out[name] = _parse_leaf(value, f"{path}.{name}")
+            _check_param_keys(f"{path}.{name}", _values_of(out[name]))
         elif isinstance(value, dict):
             out[name] = parse_hyperparameters(value, depth + 1, f"{path}.{name}")
         else:
             out[name] = ConstHP(type="const", val=value)
+            _check_param_keys(f"{path}.{name}", [value])
     return out
+
+
+def _values_of(leaf: Any) -> list[Any]:
+    """The values a leaf can take that may be mappings (flattened into more param keys)."""
+    if isinstance(leaf, ConstHP):
+        return [leaf.val]
+    if isinstance(leaf, CategoricalHP):
+        return list(leaf.vals)
+    return [None]
+
+
+def _check_param_keys(path: str, values: list[Any]) -> None:
+    """Refuse a name MLflow would refuse as the trial run's param key (``hp.<a.b>``), now,
+    rather than when the first trial logs its params. A mapping value is flattened into
+    one key per entry, so its keys are checked too."""
+    for value in values:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                _check_param_keys(f"{path}.{key}", [inner])
+            continue
+        key = PARAM_KEY_PREFIX + path.partition(".")[2]
+        problem = param_key_problem(key)
+        if problem is not None:
+            raise ValueError(f"`{path}`: {problem}")
 
 
 def _parse_leaf(value: dict[str, Any], path: str) -> Any:
@@ -141,6 +181,20 @@ def sample_hparams(space: dict[str, Any], rng: random.Random) -> dict[str, Any]:
         else:
             out[name] = rng.choice(node.vals)
     return out
+
+
+def grid_size(node: Any) -> int:
+    """How many points ``grid_values(node)`` gives, without making them (a ``count`` of a
+    billion must not allocate a billion floats to be refused)."""
+    if isinstance(node, ConstHP):
+        return 1
+    if isinstance(node, CategoricalHP):
+        return len(node.vals)
+    if node.count is None:
+        raise ValueError(f"grid search needs `count` on {node.type} hyperparameters")
+    if isinstance(node, IntHP):  # evenly spaced points at least 1 apart round apart
+        return min(node.count, node.maxval - node.minval + 1)
+    return int(node.count)
 
 
 def grid_values(node: Any) -> list[Any]:

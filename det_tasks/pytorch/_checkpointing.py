@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from det_tasks import checkpoint_format as ckpt
+from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import CheckpointError
 from det_tasks.storage import CheckpointStore
 
@@ -167,7 +168,11 @@ def write_files(staged: Path, state: dict[str, Any], files: CheckpointFiles) -> 
         torch.save(state, state_file)
     ckpt.write_json(staged / ckpt.LOAD_DATA_FILE, files.load_data)
     if files.model_dir is not None:
-        ckpt.copy_code(files.model_dir, staged)
+        # The config's checkpoint folders inside the model directory are left out wherever
+        # this checkpoint is staged (an MLflow/S3 store stages in its cache).
+        config = files.load_data.get("experiment_config")
+        excluded = code_exclusions(config if isinstance(config, dict) else None, files.model_dir)
+        ckpt.copy_code(files.model_dir, staged, excluded)
 
 
 def snapshot(state: Any, pinned: dict[int, list[torch.UntypedStorage]] | None = None) -> Any:

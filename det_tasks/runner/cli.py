@@ -8,6 +8,7 @@ import contextlib
 import faulthandler
 import json
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from det_tasks import plugins
-from det_tasks.errors import EXIT_INVALID_HP, DetTasksError, InvalidHP
+from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
 from det_tasks.runner.library_logs import quiet_library_loggers
 from det_tasks.user_frames import innermost_user_frame
 
@@ -58,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--device", help="torch device, e.g. cpu or cuda:1 (default: auto)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--max-batches", type=int, help="train until this many batches in total")
+    run.add_argument(
+        "--max-batches", type=_positive_int, help="train until this many batches in total"
+    )
     # Flags the experiment flow passes to each trial's process: not for people, not in --help.
     run.add_argument("--hparams", help=argparse.SUPPRESS)
     run.add_argument("--trial-id", default="1", help=argparse.SUPPRESS)
@@ -77,6 +80,45 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (0 would train nothing, or everything)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number; give 1 or more")
+    return value
+
+
+def _checked_device(requested: str | None) -> None:
+    """Refuse a device this machine does not have, before a run or a worker exists."""
+    if not requested:
+        return
+    import torch
+
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise ConfigError(f"--device {requested!r} is not a torch device ({first})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(
+                f"--device {requested!r}: CUDA is not available on this machine (torch "
+                f"{torch.__version__}, no usable GPU); use --device cpu, or leave --device "
+                "out to pick one"
+            )
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"--device {requested!r}: this machine has {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {requested!r}: MPS is not available; use --device cpu")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: hung ranks
         with contextlib.suppress(OSError, ValueError):  # no real stderr (captured in tests)
@@ -91,19 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(Path(args.config), args.model_dir)
         from det_tasks.runner import launcher
-        from det_tasks.runner.launch_layer import parse_launch_layer
-        from det_tasks.runner.local import load_raw_config, run_trial
+        from det_tasks.runner.local import run_trial
 
+        _checked_device(args.device)
         if not launcher.inside_worker_group():
-            _, config = load_raw_config(Path(args.config), args.param)
-            slots = config.resources.slots_per_trial
-            layer = parse_launch_layer(config.entrypoint)
-            if slots > 1 or layer.backend is not None:
-                backend = launcher.resolve_backend(
-                    layer.backend or config.resources.distributed_backend
-                )
-                argv_ = ["-m", "det_tasks.runner.cli", *(sys.argv[1:] if argv is None else argv)]
-                return launcher.run_workers(slots, backend, argv_, layer.overrides)
+            workers = _start_workers(args, argv)
+            if workers is not None:
+                return workers
         result = run_trial(
             args.config,
             args.model_dir,
@@ -144,13 +180,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _start_workers(args: argparse.Namespace, argv: Sequence[str] | None) -> int | None:
+    """Check the config against the model directory; then, for a trial of several slots
+    (or a launch layer), start its worker group and return its exit code (else None)."""
+    from det_tasks.config.storage_paths import check_storage_beside_code
+    from det_tasks.runner import launcher
+    from det_tasks.runner.launch_layer import parse_launch_layer
+    from det_tasks.runner.local import load_raw_config
+
+    config_path = Path(args.config)
+    _, config = load_raw_config(config_path, args.param)
+    model_dir = Path(args.model_dir) if args.model_dir else config_path.parent
+    check_storage_beside_code(config, model_dir, args.checkpoint_dir)
+    slots = config.resources.slots_per_trial
+    layer = parse_launch_layer(config.entrypoint)
+    if slots > 1 or layer.backend is not None:
+        backend = launcher.resolve_backend(layer.backend or config.resources.distributed_backend)
+        argv_ = ["-m", "det_tasks.runner.cli", *(sys.argv[1:] if argv is None else argv)]
+        return launcher.run_workers(slots, backend, argv_, layer.overrides)
+    return None
+
+
 def _check_config(config_path: Path, model_dir: str | None) -> int:
     """Validate the config, then import the entrypoint as ``run`` would (class or script)."""
     from det_tasks.config import load_config
+    from det_tasks.config.storage_paths import check_checkpoint_storage, check_storage_beside_code
+
+    config = load_config(config_path)  # before importing torch: a bad file is refused at once
+    directory = Path(model_dir) if model_dir else config_path.parent
+    check_storage_beside_code(config, directory)
+    if not os.environ.get("MLFLOW_TRACKING_URI"):  # `run` writes checkpoints there
+        check_checkpoint_storage(config, str(config_path))
     from det_tasks.runner.local import check_entrypoint
 
-    config = load_config(config_path)
-    directory = Path(model_dir) if model_dir else config_path.parent
     entry = check_entrypoint(config, directory)
     print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
     kind = f"script {entry}" if isinstance(entry, Path) else f"trial class {entry.__qualname__}"

@@ -26,10 +26,12 @@ from det_tasks import checkpoint_format as ckpt
 from det_tasks import launch
 from det_tasks.config import sample_hparams
 from det_tasks.errors import ConfigError
-from det_tasks.pytorch import Trainer, init
+from det_tasks.pytorch import Batch, Trainer, init
 from det_tasks.runner.entrypoint import load_trial_class, model_dir_on_path
 from det_tasks.runner.local import _platform_services, _store, _unit, load_raw_config
 from det_tasks.runner.resume import choose_resume_checkpoint
+from det_tasks.runner.trial_config import with_defaults
+from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
 from det_tasks.uris import scheme_of
 
@@ -83,6 +85,7 @@ class HeldTrial:
         model_dir = Path(spec.model_dir)
         if not model_dir.is_dir():
             raise ConfigError(f"model directory {spec.model_dir!r} does not exist")
+        self._model_dir = model_dir.resolve()  # the trial's code runs there (in_model_dir)
         hparams = spec.hparams or sample_hparams(
             config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
         )
@@ -92,7 +95,8 @@ class HeldTrial:
             # The entrypoint loads before any MLflow run exists (a wrong class leaves none).
             self._stack.enter_context(model_dir_on_path(model_dir))
             assert isinstance(config.entrypoint, str)
-            trial_class = load_trial_class(config.entrypoint, model_dir)
+            with in_model_dir(self._model_dir):
+                trial_class = load_trial_class(config.entrypoint, model_dir)
             services = self._stack.enter_context(
                 _platform_services(
                     raw,
@@ -105,7 +109,7 @@ class HeldTrial:
                     spec.experiment_run_key,
                 )
             )
-            store = services.checkpoint_store if services else _store(raw, None)
+            store = services.checkpoint_store if services else _store(raw, None, config)
             sink: MetricsSink = services.metrics_sink if services else InMemoryMetricsSink()
             self._stack.callback(sink.close)
             # Entered per step, not held: a context variable set in one task cannot be
@@ -113,16 +117,16 @@ class HeldTrial:
             self._services = services
             latest = choose_resume_checkpoint(store, list(resume) if resume else None)
             scope = launch.services(services) if services else contextlib.nullcontext()
-            with scope:
+            with scope, in_model_dir(self._model_dir):
                 context = self._stack.enter_context(
                     init(
                         hparams=hparams,
-                        exp_conf=raw,
+                        exp_conf=with_defaults(raw, config),
                         metrics_sink=sink,
                         checkpoint_store=store,
                         device=spec.device,
                         seed=config.reproducibility.experiment_seed,
-                        model_dir=model_dir,
+                        model_dir=self._model_dir,
                         trial_id=spec.trial_id,
                     )
                 )
@@ -131,6 +135,7 @@ class HeldTrial:
                     max_length=_unit(config, config.max_length, gbs),
                     validation_period=_unit(config, config.min_validation_period, gbs),
                     checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
+                    reporting_period=Batch(config.scheduling_unit),
                     checkpoint_policy=config.checkpoint_policy,
                     latest_checkpoint=latest,
                     step_zero_validation=config.perform_initial_validation,
@@ -193,7 +198,8 @@ class HeldTrial:
         """Release the trial: its data, hooks, context and MLflow run (ended FAILED when
         ``error`` is given). Idempotent."""
         stack, self._stack = self._stack, contextlib.ExitStack()
-        with launch.services(self._services) if self._services else contextlib.nullcontext():
+        services = launch.services(self._services) if self._services else contextlib.nullcontext()
+        with services, in_model_dir(self._model_dir):  # callbacks' on_trial_shutdown
             if error is None:
                 stack.close()
             else:
@@ -205,7 +211,7 @@ class HeldTrial:
         scope = launch.services(self._services) if self._services else contextlib.nullcontext()
         ckpt.restore_rng_state(self._rng, self._device)
         try:
-            with scope:
+            with scope, in_model_dir(self._model_dir):
                 yield
         finally:
             self._rng = ckpt.capture_rng_state(self._device)

@@ -16,6 +16,7 @@ from typing import Any
 from det_tasks import launch, plugins
 from det_tasks.config import ExperimentConfig, apply_overrides, sample_hparams
 from det_tasks.config.loader import parse_with_overrides, parse_yaml_text
+from det_tasks.config.storage_paths import check_checkpoint_storage
 from det_tasks.errors import ConfigError, DetTasksError, TrialError
 from det_tasks.gc import collect_garbage
 from det_tasks.pytorch import Trainer, init
@@ -30,8 +31,11 @@ from det_tasks.runner.entrypoint import (
 from det_tasks.runner.launch_layer import parse_launch_layer
 from det_tasks.runner.progress import ProgressSink
 from det_tasks.runner.resume import choose_resume_checkpoint
+from det_tasks.runner.trial_config import with_defaults
+from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
+from det_tasks.uris import scheme_of
 from det_tasks.user_frames import innermost_user_frame
 
 __all__ = ["RunResult", "check_entrypoint", "load_entrypoint", "load_raw_config", "run_trial"]
@@ -88,6 +92,7 @@ def run_trial(
     model_dir = Path(model_dir) if model_dir is not None else config_path.parent
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
+    model_dir = model_dir.resolve()  # the trial's code runs there (in_model_dir)
     raw, config = load_raw_config(config_path, overrides)
     if config.resources.slots_per_trial > 1 and not launcher.inside_worker_group():
         raise ConfigError(
@@ -110,7 +115,8 @@ def run_trial(
     with model_dir_on_path(model_dir):
         # The entrypoint loads before any MLflow run exists: a wrong class or script name
         # leaves nothing behind.
-        entry = load_entrypoint(config, model_dir)
+        with in_model_dir(model_dir):
+            entry = load_entrypoint(config, model_dir)
         platform = _platform_services(
             raw,
             config,
@@ -122,7 +128,7 @@ def run_trial(
             experiment_run_key,
         )
         with platform as services:
-            store = services.checkpoint_store if services else _store(raw, checkpoint_dir)
+            store = services.checkpoint_store if services else _store(raw, checkpoint_dir, config)
             memory = InMemoryMetricsSink()
             sinks: list[MetricsSink] = [memory]
             if services is not None:
@@ -134,10 +140,10 @@ def run_trial(
                 sinks.append(extra_sink)
             sink = MultiSink(*sinks)
             scope = launch.services(services) if services else contextlib.nullcontext()
-            latest = choose_resume_checkpoint(store, latest_checkpoint)
+            latest = _absolute_if_path(choose_resume_checkpoint(store, latest_checkpoint))
             run = _RunInputs(config, raw, hparams, model_dir, store, sink, latest, device, trial_id)
             try:
-                with scope:
+                with scope, in_model_dir(model_dir):
                     if isinstance(entry, Path):
                         result = _run_script(run, entry, max_length, test_mode)
                     else:
@@ -217,7 +223,7 @@ def check_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
     naming the entrypoint, the error and the user's line."""
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
-    with model_dir_on_path(model_dir):
+    with model_dir_on_path(model_dir), in_model_dir(model_dir):
         try:
             return load_entrypoint(config, model_dir)
         except DetTasksError:
@@ -229,6 +235,14 @@ def check_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
                 f"entrypoint {config.entrypoint!r} fails to import: "
                 f"{type(err).__name__}: {err}{where}"
             ) from None
+
+
+def _absolute_if_path(reference: str | None) -> str | None:
+    """A checkpoint given as a relative path, made absolute: the trial's code (which loads
+    it) runs in the model directory."""
+    if reference is not None and scheme_of(reference) is None and os.path.exists(reference):
+        return os.path.abspath(reference)
+    return reference
 
 
 def _trial_number(trial_id: str) -> int | str:
@@ -243,7 +257,7 @@ def _fit_trial_class(
     gbs = run.hparams.get("global_batch_size")
     with init(
         hparams=run.hparams,
-        exp_conf=run.raw,
+        exp_conf=with_defaults(run.raw, config),
         metrics_sink=run.sink,
         checkpoint_store=run.store,
         device=run.device,
@@ -257,6 +271,7 @@ def _fit_trial_class(
             max_length=max_length,
             validation_period=_unit(config, config.min_validation_period, gbs),
             checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
+            reporting_period=Batch(config.scheduling_unit),  # Determined's harness does too
             checkpoint_policy=config.checkpoint_policy,
             latest_checkpoint=run.latest,
             step_zero_validation=config.perform_initial_validation,
@@ -281,7 +296,7 @@ def _run_script(
             trial_id=_trial_number(run.trial_id),
             experiment_id="local",
             hparams=run.hparams,
-            config=run.raw,
+            config=with_defaults(run.raw, run.config),
             trial_seed=run.config.reproducibility.experiment_seed,
         ),
         latest_checkpoint=run.latest,
@@ -318,9 +333,12 @@ def _length_dict(length: TrainUnit | None) -> dict[str, int] | None:
     return {"epochs" if isinstance(length, Epoch) else "batches": length.value}
 
 
-def _store(raw: dict[str, Any], checkpoint_dir: str | Path | None) -> CheckpointStore:
+def _store(
+    raw: dict[str, Any], checkpoint_dir: str | Path | None, config: ExperimentConfig
+) -> CheckpointStore:
     if checkpoint_dir is not None:
         return LocalDirectoryStore(checkpoint_dir)
+    check_checkpoint_storage(config, "checkpoint_storage")  # before the first batch
     return store_from_config(raw)
 
 

@@ -48,11 +48,10 @@ test-slow: install
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -q
 
-# The main job: start the stack, register the deployments, run experiment/const through a
-# real Prefect server + worker, and say where to look.
+# The main job: start the stack (which registers the deployments), run experiment/const
+# through a real Prefect server + worker, and say where to look.
 demo: install
 	$(BIN)/python -m infra.stack up
-	$(BIN)/python -m infra.stack deploy
 	. .stack/env && PREFECT_HOME=$(CURDIR)/.stack/prefect $(BIN)/prefect deployment run experiment/const --watch
 	. .stack/env && $(BIN)/det-tasks checkpoints mnist-const
 	@echo "Prefect UI: http://127.0.0.1:4200   MLflow UI: http://127.0.0.1:5001/#/experiments?workflowType=machine_learning   (make down to stop)"
@@ -63,12 +62,15 @@ demo-local: install
 bench: install
 	$(BIN)/python bench/harness_overhead.py
 
+# The stack on 127.0.0.1, with prefect.yaml's deployments registered (skipped when the server
+# already has them as they are), and .stack/env: the clients' settings and det on PATH.
 up: install
 	$(BIN)/python -m infra.stack up
 
 down: install
 	$(BIN)/python -m infra.stack down
 
+# Registers prefect.yaml's deployments again, whether or not they changed.
 deploy: install
 	$(BIN)/python -m infra.stack deploy
 

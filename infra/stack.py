@@ -1,8 +1,10 @@
 """The local stack: SeaweedFS (S3, with access keys) and an MLflow server proxying artifacts
-to it, on loopback only. ``python -m infra.stack up|down|status|env`` (``make up``/``make down``).
+to it, on loopback only. ``python -m infra.stack up|down|status|env|deploy`` (``make up``,
+``make down``, ``make deploy``).
 
 State lives under ``.stack/`` (override with DET_TASKS_STACK_DIR): data, logs, pid files,
-generated S3 credentials, and an ``env`` file the tests and users source to reach it.
+generated S3 credentials, and an ``env`` file the tests and users source to reach it (it also
+puts this installation's ``det`` and ``det-tasks`` on PATH).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from infra import dask_cluster, postgres
+from infra import dask_cluster, deployments, postgres
 from infra.postgres import postgres_urls
 from infra.services import (
     Service,
@@ -35,7 +39,17 @@ from infra.services import (
     up_or_down,
 )
 
-__all__ = ["StackConfig", "down", "env_for", "main", "service_states", "up"]
+__all__ = [
+    "StackConfig",
+    "deploy",
+    "deployments_current",
+    "down",
+    "env_file_text",
+    "env_for",
+    "main",
+    "service_states",
+    "up",
+]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by flows.engine
 
@@ -473,11 +487,30 @@ def deploy(config: StackConfig | None = None) -> None:
     """Create the process work pool (once) and register prefect.yaml's deployments."""
     config = config or StackConfig.from_env()
     _ensure_work_pool(config)
+    _register_deployments(config)
+
+
+DEPLOYED_STAMP = "deployed"  # prefect.yaml's fingerprint when its deployments were registered
+
+
+def _register_deployments(config: StackConfig) -> None:
+    """``prefect deploy --all`` from the checkout; then the stamp that lets ``up`` skip it."""
+    registering = deployments.fingerprint(config.project_dir)
     result = _prefect_cli(config, "--no-prompt", "deploy", "--all", check=False)
     if result.returncode != 0:
         raise ServiceError(
             f"prefect deploy failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
         )
+    (config.root / DEPLOYED_STAMP).write_text(registering + "\n", encoding="utf-8")
+
+
+def deployments_current(config: StackConfig) -> bool:
+    """Whether the stack's Prefect server has prefect.yaml's deployments, registered from
+    this checkout's prefect.yaml and flow sources as they are now."""
+    auth = service_auth(config)["prefect_auth_string"] if config.auth else ""
+    return deployments.is_current(
+        config.root / DEPLOYED_STAMP, config.project_dir, config.prefect_api, auth
+    )
 
 
 def _ensure_work_pool(config: StackConfig) -> None:
@@ -488,9 +521,13 @@ def _ensure_work_pool(config: StackConfig) -> None:
         raise ServiceError(f"could not create the work pool {POOL!r}:\n{said[-2000:]}")
 
 
-def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str]:
+def up(
+    config: StackConfig | None = None, prefect: bool = True, register: bool = False
+) -> dict[str, str]:
     """Start (or keep) SeaweedFS, MLflow, the Dask cluster and (unless ``prefect`` is
-    False) a Prefect server and a process worker; returns the client environment.
+    False) a Prefect server and a process worker; returns the client environment. With
+    ``register`` (``make up``) it also registers prefect.yaml's deployments, unless the
+    server has them as they are now, so ``det experiment create`` works at once.
 
     Services that do not need each other start side by side: on a 2-core host a stack
     spends most of its start waiting on imports and health checks, not on one CPU."""
@@ -514,10 +551,29 @@ def up(config: StackConfig | None = None, prefect: bool = True) -> dict[str, str
     _ensure_bucket(config)
     if prefect:
         _ensure_work_pool(config)
+        _start_worker_and_register(config, register and not deployments_current(config))
+    (config.root / "env").write_text(env_file_text(config))
+    return env_for(config)
+
+
+def _start_worker_and_register(config: StackConfig, register: bool) -> None:
+    """The Prefect worker's start and ``prefect deploy`` side by side: both mostly wait
+    on imports, and each needs only the server and the work pool."""
+    with ThreadPoolExecutor(max_workers=1) as background:
+        registering = background.submit(_register_deployments, config) if register else None
         start(prefect_worker_service(config))
-    env = env_for(config)
-    (config.root / "env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
-    return env
+        if registering is not None:
+            registering.result()
+
+
+def env_file_text(config: StackConfig) -> str:
+    """``<root>/env``: the clients' settings, and PATH with this installation's scripts
+    (``det``, ``det-tasks``, ``python``) first, so a shell that sources it needs no
+    activated virtual environment."""
+    scripts = sysconfig.get_path("scripts")
+    lines = [f'export PATH="{scripts}:$PATH"']
+    lines += [f"export {k}={v}" for k, v in env_for(config).items()]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _dask_services(config: StackConfig) -> list[Service]:
@@ -563,27 +619,32 @@ def main(argv: list[str] | None = None) -> int:
     config = StackConfig.from_env()
     try:
         if args.command == "up":
-            env = up(config)
+            env = up(config, register=True)
             print(
                 # workflowType: MLflow 3.17 opens its GenAI pages without it.
                 f"MLflow UI: {config.mlflow_uri}/#/experiments?workflowType=machine_learning   "
                 f"Prefect UI: {config.prefect_api[:-4]}   "
                 f"S3: {config.s3_endpoint} (bucket {BUCKET})"
             )
-            print(f"environment for clients: source {config.root / 'env'}")
+            print(
+                "deployments (prefect.yaml): registered, experiment/submitted among them; "
+                "`make deploy` registers them again"
+            )
+            print(f"environment for clients, and det on PATH: source {config.root / 'env'}")
             return 0 if env else 1
         if args.command == "deploy":
             deploy(config)
             print(
                 "deployed: experiment/const, experiment/grid, experiment/adaptive, "
-                "batch-inference/nightly (schedule inactive)"
+                "experiment/submitted, batch-inference/submitted, batch-inference/nightly "
+                "(schedule inactive)"
             )
             return 0
         if args.command == "down":
             down(config)
             return 0
         if args.command == "env":
-            print("".join(f"export {k}={v}\n" for k, v in env_for(config).items()), end="")
+            print(env_file_text(config), end="")
             return 0
         print("\n".join(state_lines(service_states(config))))
         return 0

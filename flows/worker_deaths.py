@@ -41,11 +41,15 @@ LOG_LINES = 20  # the worker's last log lines quoted
 
 
 class _DeathLog(logging.Handler):
-    """Keeps the Nanny's death lines; passes every record the logger showed before on."""
+    """Keeps the Nanny's death lines; passes every record the logger showed before on.
+    One per process, shared by the Nannies in it (an embedded cluster's all live in the
+    flow's process): each one's setup would otherwise take the level the previous one set."""
 
-    def __init__(self, deaths: collections.deque[dict[str, Any]], shown_from: int) -> None:
+    def __init__(self, shown_from: int) -> None:
         super().__init__(logging.DEBUG)
-        self.deaths, self.shown_from = deaths, shown_from
+        self.deaths: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
+        self.shown_from = shown_from
+        self.users = 0  # Nannies of this process whose plugin uses it
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):
@@ -60,35 +64,44 @@ class _DeathLog(logging.Handler):
                 parent.handle(record)
 
 
+def _process_death_log() -> _DeathLog | None:
+    found = [h for h in logging.getLogger(_NANNY_LOGGER).handlers if isinstance(h, _DeathLog)]
+    return found[0] if found else None
+
+
 class DeathRecorder(NannyPlugin):
-    """Records, in each Nanny, the exit codes of the worker processes it lost."""
+    """Records, in each Nanny's process, the exit codes of the worker processes lost."""
 
     name = DEATHS_PLUGIN_NAME
     idempotent = True  # once per cluster, whichever flow registers it first
 
-    def __init__(self) -> None:
-        self.deaths: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
-        self._handler: _DeathLog | None = None
-
     def setup(self, nanny: Nanny) -> None:
         logger = logging.getLogger(_NANNY_LOGGER)
-        self._handler = _DeathLog(self.deaths, logger.getEffectiveLevel())
-        logger.addHandler(self._handler)
-        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
-        logger.propagate = False  # the handler passes on what was shown before
+        handler = _process_death_log()
+        if handler is None:
+            handler = _DeathLog(logger.getEffectiveLevel())
+            logger.addHandler(handler)
+            logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+            logger.propagate = False  # the handler passes on what was shown before
+        handler.users += 1
 
     def teardown(self, nanny: Nanny) -> None:
-        logger = logging.getLogger(_NANNY_LOGGER)
-        if self._handler is not None:
-            logger.removeHandler(self._handler)
-            logger.setLevel(self._handler.shown_from)
+        handler = _process_death_log()
+        if handler is None:
+            return
+        handler.users -= 1
+        if handler.users <= 0:
+            logger = logging.getLogger(_NANNY_LOGGER)
+            logger.removeHandler(handler)
+            logger.setLevel(handler.shown_from)
             logger.propagate = True
 
 
 def _nanny_report(dask_worker: Nanny) -> dict[str, Any]:
-    """What this Nanny knows of its worker's deaths (``client.run(..., nanny=True)``)."""
-    plugin = dask_worker.plugins.get(DEATHS_PLUGIN_NAME)
-    deaths = list(plugin.deaths) if isinstance(plugin, DeathRecorder) else []
+    """What this Nanny's process knows of worker deaths (``client.run(..., nanny=True)``);
+    Nannies sharing a process share it."""
+    handler = _process_death_log()
+    deaths = list(handler.deaths) if handler is not None else []
     return {"name": str(dask_worker.name), "deaths": deaths, "log": _own_log_tail()}
 
 

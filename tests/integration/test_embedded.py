@@ -135,7 +135,7 @@ def test_a_failing_trial_ends_failed_everywhere_with_one_last_line(tmp_path: Pat
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = (
         "trial 1 failed in train_batch at batch 3 after 2 attempts: "
-        "ValueError: planted failure at batch 3 (model_def.py:65)"
+        "ValueError: planted failure at batch 3 (model_def.py:75)"
     )
     assert proc.stderr.splitlines()[-1] == f"error: {line}"
     # One traceback, the trial's own frames, printed once; no engine traceback.

@@ -371,6 +371,8 @@ def _run_step(request: StepRequest) -> StepResult:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
         return _result(worker, request.start, False, started, invalid_hp=str(err))
+    except Reschedule:  # another experiment's active trial is here (make_room_for)
+        raise
     except (Exception, SystemExit) as err:  # building or restoring the trial failed
         held = plugin.held
         failure = step_failure(spec, "setup", held.position if held else request.start, err)

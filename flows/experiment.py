@@ -55,6 +55,10 @@ def _check_command_line(args: list[str]) -> _CommandLine:
     config_path = Path(args[0]).resolve()
     _, cfg = load_raw_config(config_path, args[1:])
     check_entrypoint(cfg, config_path.parent)
+    if key is not None:  # only an experiment that stopped short continues
+        from registry.activation import check_activation
+
+        check_activation(cfg.name or config_path.stem, key)
     return _CommandLine(args[0], args[1:], key, cfg)
 
 
@@ -118,9 +122,10 @@ from flows.engine import (
     stop_everywhere,
     worker_memory_mb,
 )
-from flows.stopping import StopControl
+from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable
 from flows.workers import TrialFailed
+from registry.activation import check_activatable
 from registry.packages import fetch_package
 from registry.run_states import end_orphans, end_running_runs, record_failure
 from registry.s3 import LazyClient
@@ -212,6 +217,8 @@ def _run_experiment(
     name = cfg.name or config_path.stem
     run_key = experiment_key or str(flow_run.get_id() or uuid.uuid4())
     mlflow = client_for(settings.tracking_uri)
+    if experiment_key:  # before a run exists: an unknown key must not start one
+        check_activatable(mlflow, name, experiment_key, settings.tracking_uri)
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
@@ -242,7 +249,7 @@ def _run_experiment(
             run_key,
             package,
             table,
-            Placement(client),
+            Placement(client, run_key),
         )
         stop = StopControl(client, run_key, mlflow, runs.parent_run_id, _prefect_cancelling)
         if activated:
@@ -260,7 +267,14 @@ def _run_experiment(
     table.publish()
     if stop.mode is not None:
         return _stopped(stop, runs, config_path, run_key)
-    finish_experiment(runs, LazyClient(settings.s3_endpoint))
+    try:
+        finish_experiment(runs, LazyClient(settings.s3_endpoint))
+    except Exception as err:  # GC, the winner or the plots failed: the parent still ends
+        with contextlib.suppress(Exception):
+            text = f"{type(err).__name__}: {err}"
+            record_failure(runs.client, runs.experiment_id, runs.parent_run_id, text)
+            end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, "ERROR", "FAILED")
+        raise
     result = {
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,
@@ -297,7 +311,9 @@ def _end_abruptly(
     state, status = ("CANCELED", "KILLED") if killed else ("ERROR", "FAILED")
     with contextlib.suppress(Exception):
         stop_everywhere(client, run_key, "kill")
-        release_everywhere(client, run_key, state if killed else None)
+        # With the state, a held trial's run ends as the others (None ended it FINISHED
+        # COMPLETED under the FAILED parent, however far it had trained).
+        release_everywhere(client, run_key, state)
     if not killed:
         text = str(err) if isinstance(err, StepFailed) else f"{type(err).__name__}: {err}"
         with contextlib.suppress(Exception):
@@ -381,6 +397,7 @@ def main(
     try:  # before a Prefect server starts: a typo costs a second, not ten
         checked = checked or _check_command_line(args)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
+        stop_grace_s()  # DET_TASKS_STOP_GRACE_S too
     except (DetTasksError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

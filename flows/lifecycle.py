@@ -28,6 +28,7 @@ from prefect.states import Cancelled
 from det_tasks.errors import DetTasksError
 from flows.engine import SCHEDULER_ENV
 from flows.stopping import STOP_STATES, stop_metadata_key
+from registry.activation import already_active, not_activatable
 from registry.run_states import mark_experiment_state
 
 __all__ = ["activate", "cancel", "kill", "pause"]
@@ -52,13 +53,11 @@ def activate(experiment_key: str) -> str:
     run = _flow_run(experiment_key)
     state = _state(run)
     if state != StateType.PAUSED:
+        short = experiment_key[:8]
         if state in _ACTIVE or state == StateType.CANCELLING:
-            raise DetTasksError(
-                f"experiment {experiment_key[:8]} is already active ({state.value})"
-            )
+            raise DetTasksError(already_active(short, state.value))
         raise DetTasksError(
-            f"experiment {experiment_key[:8]} is {state.value}, not paused: only a paused "
-            "experiment can be activated (create a new one with det experiment create)"
+            not_activatable(short, state.value, "create a new one with det experiment create")
         )
     resume_flow_run(run.id)
     return f"Activated experiment {experiment_key[:8]}"

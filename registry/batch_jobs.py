@@ -16,6 +16,7 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
+from det_tasks.folder_names import checked_id
 from det_tasks.pytorch.experimental._job_services import JOB_OUTPUT_ENV
 from registry import s3 as s3_lib
 from registry.checkpoints import S3CheckpointStore, checkpoint_records
@@ -32,6 +33,7 @@ JOB_TAG = "det.job_id"
 def job_output_uri(job_id: str, settings: RegistrySettings | None = None) -> str:
     """Where a job's files go unless ``$DET_TASKS_JOB_OUTPUT`` says otherwise."""
     settings = settings or RegistrySettings.from_env()
+    checked_id(job_id, "the job id")
     if os.environ.get(JOB_OUTPUT_ENV):
         return os.environ[JOB_OUTPUT_ENV]
     if settings.artifact_root and not settings.s3_endpoint:

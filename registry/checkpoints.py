@@ -3,7 +3,9 @@
 ``publish`` returns at once; the upload runs on a background thread (the training thread
 only paid for writing the state to local disk). ``metadata.json`` is uploaded last, as the
 commit marker, and only then is the checkpoint recorded on the run (a ``det.checkpoint.*``
-tag with its step and validation metrics), so a reader never finds a half-uploaded one.
+tag with its step and validation metrics), so a reader never finds a half-uploaded one. A
+record is read back (GC, resume, the best checkpoint), so it is kept whole at any size
+(``registry.large_tags``): a few hundred validation metrics outgrow one MLflow tag.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal, verify
 from det_tasks.errors import CheckpointError
 from registry.cache import fetch_checkpoint
+from registry.large_tags import load_large_tags, save_large_tag
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "checkpoint_records",
     "forget_checkpoint_record",
     "rank_by_metric",
+    "record_checkpoint",
     "resolve_checkpoint_uuid",
     "run_checkpoint_location",
     "validation_value",
@@ -99,6 +103,13 @@ def resolve_checkpoint_uuid(uuid: str) -> str:
     return f"runs:/{runs[0].info.run_id}/checkpoints/{uuid}"
 
 
+def record_checkpoint(client: MlflowClient, run_id: str, record: dict[str, Any]) -> None:
+    """Record a checkpoint on its run: the ``det.checkpoint.<uuid>`` tag, whole at any size
+    (``checkpoint_records`` reads it back)."""
+    name = f"{CHECKPOINT_TAG}{record['uuid']}"
+    save_large_tag(client, run_id, name, json.dumps(record), "report fewer validation metrics")
+
+
 def validation_value(record: dict[str, Any], metric: str) -> float | None:
     """The checkpoint's validation value of ``metric``, if it was validated with one."""
     value = (record.get("validation_metrics") or {}).get(metric)
@@ -118,7 +129,7 @@ def rank_by_metric(
 def checkpoint_records(client: MlflowClient, run_id: str) -> list[dict[str, Any]]:
     """Every checkpoint recorded on a run, oldest first."""
     tags = client.get_run(run_id).data.tags
-    records = [json.loads(v) for k, v in tags.items() if k.startswith(CHECKPOINT_TAG)]
+    records = [json.loads(v) for v in load_large_tags(tags, CHECKPOINT_TAG).values()]
     return sorted(records, key=lambda r: r["steps_completed"])
 
 
@@ -181,7 +192,7 @@ class S3CheckpointStore:
                 "validation_metrics": metadata.get("validation_metrics"),
                 "bytes": sum(f["size"] for f in (metadata.get("files") or {}).values()),
             }
-            self.client.set_tag(self.run_id, f"{CHECKPOINT_TAG}{uuid}", json.dumps(record))
+            record_checkpoint(self.client, self.run_id, record)
         except Exception:
             with contextlib.suppress(Exception):  # the upload's own error is the one to raise
                 delete_prefix(self.s3, location)

@@ -8,7 +8,6 @@ version; deletes the rest (S3 bytes, then the MLflow record). Deleting twice is 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -17,6 +16,7 @@ from det_tasks.gc import checkpoints_to_keep
 from det_tasks.sinks import ReportedCheckpoint
 from registry.checkpoints import checkpoint_records, forget_checkpoint_record, rank_by_metric
 from registry.s3 import delete_prefix, parse_location
+from registry.tracking import experiment_config
 
 __all__ = ["GcResult", "collect_experiment_garbage", "collect_trial_garbage", "registered_uuids"]
 
@@ -53,7 +53,7 @@ class _Policy:
 
     @classmethod
     def of(cls, parent_run: Any) -> _Policy:
-        config = json.loads(parent_run.data.tags.get("det.config", "{}"))
+        config = experiment_config(parent_run.data.tags)
         storage = config.get("checkpoint_storage") or {}
         searcher = config.get("searcher") or {}
         return cls(

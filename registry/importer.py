@@ -29,7 +29,7 @@ from det_tasks import checkpoint_format as ckpt
 from det_tasks.checkpoint_spec import read_load_data, trial_class_spec
 from det_tasks.errors import CheckpointError
 from det_tasks.safe_unpickle import load_pickle
-from registry.checkpoints import CHECKPOINT_TAG, run_checkpoint_location
+from registry.checkpoints import record_checkpoint, run_checkpoint_location
 from registry.s3 import download_prefix, parse_location, upload_dir
 from registry.tracking import ExperimentRuns
 
@@ -179,7 +179,7 @@ def _register(
         "validation_metrics": None,
         "bytes": sum(f["size"] for f in (metadata.get("files") or {}).values()),
     }
-    client.set_tag(run_id, f"{CHECKPOINT_TAG}{uuid}", json.dumps(record))
+    record_checkpoint(client, run_id, record)
     return ImportedCheckpoint(
         source=str(path),
         uuid=uuid,

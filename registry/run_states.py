@@ -5,13 +5,20 @@ A flow stamps its parent run with a heartbeat (``det.heartbeat``, epoch seconds)
 runs. A RUNNING parent whose heartbeat is older than ``ORPHAN_AFTER_S`` has no flow behind
 it: ``end_orphans`` marks it and its RUNNING trial runs KILLED (``det.state`` ORPHANED).
 Every experiment start and every ``det experiment list`` sweeps, so an orphan is ended by
-the next command that looks, and never shows RUNNING for longer than that.
+the next command that looks, and never shows RUNNING for longer than that. Each beat also
+names the process (``det.flow_process``), so an activation on the same host can tell at
+once that a SIGKILLed flow is gone (``flow_gone``) instead of waiting for the beat to age.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
+
+import psutil
+from mlflow.entities import RunTag
 
 from registry.settings import RegistrySettings
 from registry.tracking import (
@@ -26,22 +33,51 @@ from registry.tracking import (
 )
 
 __all__ = [
+    "FLOW_PROCESS_TAG",
     "ORPHAN_AFTER_S",
     "end_orphans",
     "end_running_runs",
+    "flow_gone",
     "heartbeat",
     "record_failure",
     "mark_experiment_state",
+    "this_process",
 ]
 
 # The flow beats every HEARTBEAT_S; three missed beats mean nobody is behind the run.
 HEARTBEAT_S = 15.0
 ORPHAN_AFTER_S = 60.0
+FLOW_PROCESS_TAG = "det.flow_process"  # which process beats (this_process)
 
 
 def heartbeat(client: Any, parent_run_id: str, now: float | None = None) -> None:
-    """Say the experiment's flow is alive (one tag write)."""
-    client.set_tag(parent_run_id, HEARTBEAT_TAG, f"{time.time() if now is None else now:.0f}")
+    """Say the experiment's flow is alive, and which process it is (one write)."""
+    beat = f"{time.time() if now is None else now:.0f}"
+    tags = [RunTag(HEARTBEAT_TAG, beat), RunTag(FLOW_PROCESS_TAG, this_process())]
+    client.log_batch(parent_run_id, tags=tags)
+
+
+def this_process() -> str:
+    """``host pid start-time``: names this process apart from a later one given its pid."""
+    started = psutil.Process(os.getpid()).create_time()
+    return f"{socket.gethostname()} {os.getpid()} {started:.2f}"
+
+
+def flow_gone(parent: Any) -> bool:
+    """Whether the process that last beat for a RUNNING parent run is known to be gone: it
+    ran on this host, and no process with its pid and start time runs now (a SIGKILLed
+    flow, before its heartbeat goes stale). False when it ran elsewhere or is unknown."""
+    host, _, rest = (parent.data.tags.get(FLOW_PROCESS_TAG) or "").partition(" ")
+    pid_text, _, started = rest.partition(" ")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        alive = psutil.Process(int(pid_text)).create_time()
+    except psutil.NoSuchProcess:  # zombies too
+        return True
+    except psutil.Error:  # not ours to see: it may be alive
+        return False
+    return f"{alive:.2f}" != started
 
 
 def end_running_runs(

@@ -18,12 +18,17 @@ from mlflow.store.db.db_types import DATABASE_ENGINES
 from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
+from det_tasks.errors import ConfigError
 from det_tasks.first_use import create_once
+from det_tasks.folder_names import folder_name, folder_under
+from registry.containment import key_within, normalised_key
+from registry.large_tags import large_tag, load_large_tag
 from registry.settings import RegistrySettings
-from registry.trial_states import COMPLETED
+from registry.trial_states import COMPLETED, run_status
 from registry.trials_view import TRIALS_VIEW_KEY, TRIALS_VIEW_TAG, trials_view
 
 __all__ = [
+    "CONFIG_TAG",
     "ERROR_TAG",
     "EXPERIMENT_KIND_TAG",
     "EXPERIMENT_RUN_TAG",
@@ -33,6 +38,8 @@ __all__ = [
     "ExperimentRuns",
     "client_for",
     "ensure_experiment",
+    "experiment_artifact_location",
+    "experiment_config",
     "experiment_params",
     "flat_params",
     "import_tracking_store",
@@ -55,6 +62,11 @@ PARENT_TAG = "mlflow.parentRunId"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the MLflow UI
+# The experiment run's config as JSON, whole at any size (registry.large_tags); GC reads
+# its checkpoint policy back.
+CONFIG_TAG = "det.config"
+# MLflow 3's MAX_EXPERIMENT_TAG_VAL_LENGTH: a longer description is refused, not cut.
+_EXPERIMENT_TAG_LIMIT = 20_000
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -180,12 +192,14 @@ class ExperimentRuns:
             _log_params(client, self.parent_run_id, _as_text(experiment_params(raw_config)))
 
     def _parent_tags(self, run_key: str) -> dict[str, str]:
+        """Created with the run, in one write: the config is never missing or partial."""
         searcher = self.raw_config.get("searcher") or {}
+        config = json.dumps(self.raw_config, default=str)
         return {
             EXPERIMENT_RUN_TAG: run_key,
             "det.searcher.metric": str(searcher.get("metric", "")),
             "det.searcher.smaller_is_better": str(searcher.get("smaller_is_better", True)),
-            "det.config": json.dumps(self.raw_config, default=str)[:7900],
+            **large_tag(CONFIG_TAG, config, "shorten the config (its largest values)"),
         }
 
     def trial_run(self, trial_id: str, hparams: dict[str, Any], tags: dict[str, str]) -> str:
@@ -222,9 +236,12 @@ class ExperimentRuns:
 
     def finish(self, run_id: str, status: str = "FINISHED", state: str | None = None) -> None:
         """End a run with MLflow ``status`` and ``det.state`` ``state`` (default for a
-        FINISHED run: COMPLETED; other statuses keep the state already recorded)."""
+        FINISHED run: COMPLETED; other statuses keep the state already recorded). A state's
+        own status wins, so the two never disagree: a trial released because its
+        experiment failed (state ERROR) ends FAILED, not KILLED or FINISHED."""
         state = state or (COMPLETED if status == "FINISHED" else None)
         if state is not None:
+            status = run_status(state, status)
             self.client.set_tag(run_id, STATE_TAG, state)
         _retry(lambda: self.client.set_terminated(run_id, status=status))
 
@@ -256,6 +273,14 @@ class ExperimentRuns:
     @staticmethod
     def status_of(client: MlflowClient, run_id: str) -> str:
         return str(RunStatus.to_string(client.get_run(run_id).info.status))  # type: ignore[arg-type]
+
+
+def experiment_config(tags: dict[str, str]) -> dict[str, Any]:
+    """The config an experiment run was created with, from its parent run's ``tags`` ({}
+    for a run made before the tag existed)."""
+    text = load_large_tag(tags, CONFIG_TAG)
+    config = json.loads(text) if text else {}
+    return config if isinstance(config, dict) else {}
 
 
 def ensure_experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
@@ -301,7 +326,7 @@ def _experiment(client: MlflowClient, name: str, description: str | None = None)
     tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
     default_view = {TRIALS_VIEW_TAG: trials_view(None, True, [])}
     if description:
-        tags[DESCRIPTION_TAG] = description
+        tags[DESCRIPTION_TAG] = _shown_description(description)
     found = client.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
@@ -311,7 +336,7 @@ def _experiment(client: MlflowClient, name: str, description: str | None = None)
             _tag_experiment(client, found, default_view)
         return str(found.experiment_id)
     root = RegistrySettings.from_env().artifact_root
-    location = Path(root, name).expanduser().resolve().as_uri() if root else None
+    location = experiment_artifact_location(root, name) if root else None
     try:
         return str(
             client.create_experiment(
@@ -324,6 +349,34 @@ def _experiment(client: MlflowClient, name: str, description: str | None = None)
             raise
         _tag_experiment(client, found, tags)
         return str(found.experiment_id)
+
+
+def experiment_artifact_location(root: str, name: str) -> str:
+    """Where a new experiment ``name`` keeps its artifacts under ``root`` (a folder, or an
+    ``s3://bucket/prefix``): one folder named by ``det_tasks.folder_names`` (the name's
+    safe characters and a hash), so no name reaches outside ``root``."""
+    if root.startswith("s3://"):
+        prefix = root.rstrip("/")
+        location = f"{prefix}/{folder_name(name)}"
+        bucket_and_key = location[len("s3://") :]
+        bucket_and_prefix = prefix[len("s3://") :]
+        if not key_within(normalised_key(bucket_and_key), normalised_key(bucket_and_prefix)):
+            raise ConfigError(f"experiment {name!r}: {location} is outside {root}")
+        return location
+    if "://" in root:
+        raise ConfigError(
+            f"DET_TASKS_ARTIFACT_ROOT={root!r}: give a folder or an s3://bucket/prefix"
+        )
+    return folder_under(root, name).as_uri()
+
+
+def _shown_description(description: str) -> str:
+    """The description MLflow's UI shows (an experiment tag holds at most 20,000
+    characters; the whole text stays in each run's config)."""
+    if len(description) <= _EXPERIMENT_TAG_LIMIT:
+        return description
+    cut = " ... (cut here: the whole description is in the runs' det.config tag)"
+    return description[: _EXPERIMENT_TAG_LIMIT - len(cut)] + cut
 
 
 def _tag_experiment(client: MlflowClient, experiment: Any, tags: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "PRUNED",
     "RUNNING",
     "STOPPED",
+    "run_status",
     "trial_state",
 ]
 
@@ -38,6 +39,21 @@ END_STATES = frozenset({COMPLETED, STOPPED, PRUNED, ERROR, CANCELED, PAUSED, ORP
 
 # A run without a det.state tag (written before the tag existed, or by hand): its status.
 _BY_STATUS = {"FINISHED": COMPLETED, "FAILED": ERROR, "KILLED": CANCELED}
+# The MLflow status of a run that ended in each state (the rule in this module's docstring).
+_STATUS = {
+    COMPLETED: "FINISHED",
+    STOPPED: "FINISHED",
+    PRUNED: "FINISHED",
+    ERROR: "FAILED",
+    CANCELED: "KILLED",
+    PAUSED: "KILLED",
+    ORPHANED: "KILLED",
+}
+
+
+def run_status(state: str, default: str) -> str:
+    """The MLflow status a run ending in ``state`` gets (``default`` for another word)."""
+    return _STATUS.get(state, default)
 
 
 def trial_state(status: str, tag: str | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from det_tasks import plugins
 from det_tasks.checkpoint_format import METADATA_FILE
 from det_tasks.errors import ConfigError
+from det_tasks.folder_names import checked_id
 from det_tasks.home import det_tasks_home
 from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
@@ -111,7 +112,10 @@ class LocalJobServices:
 
 def default_job_id() -> str:
     """``$DET_TASKS_JOB_ID`` (set it to resume a killed local job), else a fresh id."""
-    return os.environ.get(JOB_ID_ENV) or time.strftime("job-%Y%m%d-%H%M%S-") + str(os.getpid())
+    chosen = os.environ.get(JOB_ID_ENV)
+    if chosen:
+        return checked_id(chosen, JOB_ID_ENV)
+    return time.strftime("job-%Y%m%d-%H%M%S-") + str(os.getpid())
 
 
 def job_services(

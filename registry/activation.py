@@ -1,0 +1,144 @@
+"""Which experiment runs may be activated (continued), in Determined's rule: only one that
+stopped short. Asked before ``python -m flows.experiment CONFIG --activate KEY`` starts
+anything, and again by the flow when given an ``experiment_key``.
+
+The experiment run's MLflow parent run says what happened to it, wherever it ran (an
+embedded run's Prefect flow run is Cancelled when it pauses, and its Prefect server is
+gone): PAUSED (Ctrl-C, ``det experiment pause``) and ORPHANED (its flow died without a
+word; a RUNNING parent whose flow is known gone counts too) continue; a RUNNING one with a
+live flow is already active; COMPLETED, CANCELED and ERROR ones have ended.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from det_tasks.errors import DetTasksError
+from det_tasks.home import det_tasks_home, no_server_recording
+from registry.run_states import HEARTBEAT_TAG, ORPHAN_AFTER_S, flow_gone
+from registry.tracking import EXPERIMENT_RUN_TAG, STATE_TAG, client_for
+from registry.trial_states import ORPHANED, PAUSED, RUNNING, trial_state
+
+__all__ = [
+    "ACTIVATABLE",
+    "already_active",
+    "check_activatable",
+    "check_activation",
+    "experiment_run_state",
+    "not_activatable",
+]
+
+ACTIVATABLE = frozenset({PAUSED, ORPHANED})
+
+
+def already_active(short: str, how: str) -> str:
+    """The refusal for an experiment that runs (``how``: what says so)."""
+    return f"experiment {short} is already active ({how})"
+
+
+def not_activatable(short: str, state: str, start_new: str) -> str:
+    """The refusal for an experiment that ended (``start_new``: how to start another)."""
+    return (
+        f"experiment {short} is {state}, not paused: only a paused experiment can be "
+        f"activated ({start_new})"
+    )
+
+
+def experiment_run_state(parent: Any, now: float | None = None) -> str:
+    """The state of the experiment run whose MLflow parent run is ``parent``: its
+    ``det.state`` word, ORPHANED for a RUNNING one whose flow is gone (heartbeat older
+    than ORPHAN_AFTER_S, or its process, on this host, no longer running)."""
+    state = trial_state(parent.info.status, parent.data.tags.get(STATE_TAG))
+    if state != RUNNING:
+        return state
+    now = time.time() if now is None else now
+    beat = parent.data.tags.get(HEARTBEAT_TAG)
+    last = float(beat) if beat else parent.info.start_time / 1000
+    return ORPHANED if now - last > ORPHAN_AFTER_S or flow_gone(parent) else RUNNING
+
+
+def check_activation(experiment_name: str, experiment_key: str) -> None:
+    """``check_activatable`` against the MLflow store this process records to
+    (MLFLOW_TRACKING_URI, else the embedded mode's in the det_tasks home), creating nothing:
+    a store that does not exist yet holds no experiment."""
+    _refuse_malformed(experiment_key)
+    home_store = no_server_recording(det_tasks_home())["MLFLOW_TRACKING_URI"]
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or home_store
+    database = uri.removeprefix("sqlite:///")
+    if uri.startswith("sqlite:///") and not Path(database).is_file():
+        raise DetTasksError(
+            f"--activate {experiment_key}: no experiment run has this key: MLflow's store "
+            f"{database} does not exist; leave --activate out to start a new experiment"
+        )
+    try:
+        check_activatable(client_for(uri), experiment_name, experiment_key, uri)
+    except DetTasksError:
+        raise
+    except Exception as err:  # unreachable server, refused credentials, broken store
+        raise DetTasksError(
+            f"--activate {experiment_key}: cannot read MLflow at {uri} "
+            f"({type(err).__name__}: {err}); is it up and MLFLOW_TRACKING_URI right?"
+        ) from None
+
+
+def check_activatable(
+    client: Any, experiment_name: str, experiment_key: str, where: str, now: float | None = None
+) -> None:
+    """Raise DetTasksError, in one line, unless the experiment run ``experiment_key`` of
+    MLflow experiment ``experiment_name`` may continue (``where``: the tracking store)."""
+    short = experiment_key[:8]
+    _refuse_malformed(experiment_key)
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
+    parents = (
+        client.search_runs(
+            list(experiments),
+            filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{experiment_key}'",
+            max_results=1,
+        )
+        if experiments
+        else []
+    )
+    if not parents:
+        raise DetTasksError(
+            f"--activate {experiment_key}: no experiment run has this key in MLflow at "
+            f"{where}: give the key a paused run printed, or leave --activate out to start "
+            "a new experiment"
+        )
+    parent = parents[0]
+    found_in = experiments.get(parent.info.experiment_id, "?")
+    if found_in != experiment_name:
+        raise DetTasksError(
+            f"--activate {experiment_key}: that experiment run is in MLflow experiment "
+            f"{found_in!r}, not {experiment_name!r} (this config's name): activate it with "
+            "the config it ran with"
+        )
+    state = experiment_run_state(parent, now)
+    if state == RUNNING:
+        beat = parent.data.tags.get(HEARTBEAT_TAG)
+        age = f"its flow beat {max(0.0, (now or time.time()) - float(beat)):.0f} s ago"
+        raise DetTasksError(already_active(short, age if beat else "its run is RUNNING"))
+    if state not in ACTIVATABLE:
+        raise DetTasksError(
+            not_activatable(short, state, "leave --activate out to start a new experiment")
+        )
+
+
+def _refuse_malformed(experiment_key: str) -> None:
+    if not _is_key(experiment_key):
+        raise DetTasksError(
+            f"--activate {experiment_key!r}: an experiment key is the UUID a paused run "
+            "printed (e.g. 0f8c2d1e-...): give that, or leave --activate out to start a new "
+            "experiment"
+        )
+
+
+def _is_key(text: str) -> bool:
+    """Whether ``text`` is an experiment key as the flow makes one (a UUID, as printed)."""
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False

@@ -1,6 +1,6 @@
 """Real trials under real operations, without servers (``python -m flows.experiment`` in a
 home of its own, its own process group as a terminal's job): DataLoader worker processes in
-a flow, SIGTERM to the whole process group (what ``timeout``, ``kill -- -PGID``, systemd and
+a flow under SIGTERM to the whole process group (what ``timeout``, ``kill -- -PGID``, systemd and
 Kubernetes send), a trial stuck in ``train_batch`` stopped at the default grace, and a trial
 that ends its own worker process, explained in one line."""
 
@@ -74,33 +74,23 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
-def test_dataloader_worker_processes_run_in_a_flow(tmp_path: Path) -> None:
-    """Most real trials load data with worker processes; Dask's workers are daemonic by
-    default, which refuses them ("daemonic processes are not allowed to have children")."""
-    pytest.importorskip("mlflow")
-    proc = _experiment(
-        tmp_path,
-        "hyperparameters.sleep_s=0",
-        "searcher.max_length.batches=40",
-        "data.loader_workers=2",
-    )
-    stderr, _ = _finish(proc, 300)
-    assert proc.returncode == 0, stderr[-3000:]
-    runs = _runs(tmp_path)
-    assert {r.info.status for r in runs} == {"FINISHED"}
-    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    assert trial.data.metrics["progress/batches"] == 40
-
-
 def test_sigterm_to_the_process_group_pauses_with_a_checkpoint_and_exits(tmp_path: Path) -> None:
-    """SIGTERM reaches every process of the group (Dask workers, Prefect's server): it must
-    do what SIGTERM to the main process does, a pause with a checkpoint at the stop batch."""
+    """SIGTERM reaches every process of the group (Dask workers, their DataLoader workers,
+    Prefect's server): it must do what SIGTERM to the main process does, a pause with a
+    checkpoint at the stop batch. The trial loads its data with worker processes, as most
+    real trials do: Dask's workers are daemonic by default, which refuses them ("daemonic
+    processes are not allowed to have children")."""
     pytest.importorskip("mlflow")
     from registry.checkpoints import checkpoint_records
     from registry.tracking import client_for
 
     pid_file = tmp_path / "pids"
-    proc = _experiment(tmp_path, "hyperparameters.sleep_s=0.1", f"data.pid_file={pid_file}")
+    proc = _experiment(
+        tmp_path,
+        "hyperparameters.sleep_s=0.1",
+        "data.loader_workers=2",
+        f"data.pid_file={pid_file}",
+    )
     _wait_for(pid_file, proc)
     time.sleep(4)
     os.killpg(proc.pid, signal.SIGTERM)

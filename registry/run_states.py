@@ -121,8 +121,9 @@ def record_failure(
 
 
 def end_orphans(client: Any, experiment_ids: list[str], now: float | None = None) -> list[str]:
-    """End every experiment run in ``experiment_ids`` whose flow stopped beating; returns
-    their parent run ids."""
+    """End every experiment run in ``experiment_ids`` whose flow stopped beating, or whose
+    flow process on this host is gone (a ``timeout -k`` or OOM SIGKILL: ended by the next
+    look, not a minute later); returns their parent run ids."""
     if not experiment_ids:
         return []
     now = time.time() if now is None else now
@@ -134,7 +135,7 @@ def end_orphans(client: Any, experiment_ids: list[str], now: float | None = None
     ended = []
     for parent in parents:
         beat = float(parent.data.tags.get(HEARTBEAT_TAG) or 0)
-        if now - beat > ORPHAN_AFTER_S:
+        if now - beat > ORPHAN_AFTER_S or flow_gone(parent):
             end_running_runs(client, parent.info.experiment_id, parent.info.run_id, "ORPHANED")
             ended.append(parent.info.run_id)
     return ended

@@ -140,7 +140,7 @@ def test_a_failing_trial_ends_failed_everywhere_with_one_last_line(tmp_path: Pat
     assert proc.stderr.splitlines()[-1] == f"error: {line}"
     # One traceback, the trial's own frames, printed once; no engine traceback.
     assert proc.stderr.count("Traceback") == 1
-    assert 'model_def.py", line 65, in train_batch' in proc.stderr
+    assert 'model_def.py", line 75, in train_batch' in proc.stderr
     assert "site-packages" not in proc.stderr
     client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
     experiment = client.get_experiment_by_name("flow-grid")

@@ -10,10 +10,19 @@ stack's environment; it writes small PNGs into docs/img/:
     python -m infra.stack down
 
 The browser is Debian's ``chromium`` (``apt-get install -y chromium``) driven by Playwright.
+``--only mlflow`` (or ``prefect``) retakes one UI's screenshots: the MLflow ones need only
+``MLFLOW_TRACKING_URI`` and an ``mnist-const`` experiment.
+
+Beside the PNGs it writes ``docs/img/screenshots.json``: what each screenshot shows that the
+code decides (the saved runs view's filter, sort and columns with the inputs they came
+from; the Prefect task names), read from the run it shows. tests/unit/test_screenshot_facts.py
+fails when the code no longer produces them: retake the screenshots then.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import sys
@@ -24,6 +33,7 @@ from typing import Any
 __all__ = ["main"]
 
 OUT = Path(__file__).resolve().parent / "img"
+FACTS = OUT / "screenshots.json"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -51,6 +61,16 @@ def _flow_run_id(prefect_ui: str) -> str:
     return str(runs[0]["id"])
 
 
+def _task_names(flow_run: str) -> list[str]:
+    """The names of the flow run's task runs (what its graph labels), from Prefect's API."""
+    import httpx
+
+    api = os.environ["PREFECT_API_URL"]
+    body = {"flow_runs": {"id": {"any_": [flow_run]}}, "sort": "EXPECTED_START_TIME_ASC"}
+    runs = httpx.post(f"{api}/task_runs/filter", json=body, timeout=10).json()
+    return [str(r["name"]) for r in runs]
+
+
 def _mlflow_ids(tracking_uri: str, name: str) -> tuple[str, str]:
     """(experiment id, a trial run id) of the named MLflow experiment."""
     from mlflow.tracking import MlflowClient
@@ -62,6 +82,36 @@ def _mlflow_ids(tracking_uri: str, name: str) -> tuple[str, str]:
     runs = client.search_runs([experiment.experiment_id], "tags.`mlflow.parentRunId` != ''")
     trial = runs[0] if runs else client.search_runs([experiment.experiment_id])[0]
     return experiment.experiment_id, trial.info.run_id
+
+
+def _runs_view_facts(tracking_uri: str, experiment_id: str) -> dict[str, Any]:
+    """What mlflow-runs.png shows that the code decides: the saved view's table (filter,
+    sort, columns) and the inputs trials_view() made it from (searcher metric and
+    direction from the parent run, the trials' hp.* params)."""
+    from mlflow.tracking import MlflowClient
+
+    from registry.trials_view import TRIALS_VIEW_TAG, saved_view_state
+
+    client = MlflowClient(tracking_uri)
+    state = saved_view_state(client.get_experiment(experiment_id).tags[TRIALS_VIEW_TAG])
+    (parent, *_) = client.search_runs([experiment_id], "tags.`det.experiment_run` != ''")
+    trials = client.search_runs([experiment_id], "tags.`det.trial_id` != ''")
+    table = ("searchFilter", "orderByKey", "orderByAsc", "selectedColumns", "runsHiddenMode")
+    return {
+        "metric": parent.data.tags["det.searcher.metric"],
+        "smaller_is_better": parent.data.tags["det.searcher.smaller_is_better"] == "True",
+        "hp_columns": sorted({k for t in trials for k in t.data.params if k.startswith("hp.")}),
+        "view": {k: state[k] for k in table if k in state},
+    }
+
+
+def _record(facts: dict[str, Any]) -> None:
+    """Merge ``facts`` (per screenshot file) into screenshots.json: a partial retake keeps
+    the other screenshots' facts."""
+    recorded = json.loads(FACTS.read_text()) if FACTS.exists() else {}
+    recorded.update(facts)
+    FACTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    print(f"{FACTS}")
 
 
 def _best_effort(action: Any) -> None:
@@ -88,48 +138,58 @@ def _close_mlflow_assistant(page: Any) -> None:
     page.get_by_role("button", name="Close", exact=True).first.click(timeout=5000)
 
 
-def main() -> int:
+def _prefect_shots(page: Any) -> dict[str, Any]:
+    prefect_ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
+    flow_run = _flow_run_id(prefect_ui)
+    run_url = f"{prefect_ui}/runs/flow-run/{flow_run}"
+    _shot(page, run_url, "prefect-flow-run.png")
+    _shot(
+        page,
+        run_url,
+        "prefect-trials-artifact.png",
+        lambda p: p.locator("li.p-tab", has_text="Artifacts").first.click(timeout=5000),
+        lambda p: p.get_by_text("-trials", exact=False).first.click(timeout=5000),
+    )
+    return {"prefect-flow-run.png": {"task_names": _task_names(flow_run)}}
+
+
+def _mlflow_shots(page: Any) -> dict[str, Any]:
+    from registry.tracking import mlflow_link
+
+    mlflow_ui = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
+    experiment_id, trial_run = _mlflow_ids(mlflow_ui, "mnist-const")
+    # The link the experiment prints: its saved runs view, as a user first sees it.
+    _shot(page, mlflow_link(mlflow_ui, experiment_id), "mlflow-runs.png", _close_mlflow_assistant)
+    _shot(
+        page,
+        mlflow_link(mlflow_ui, experiment_id, trial_run).replace("?", "/model-metrics?"),
+        "mlflow-trial-metrics.png",
+        _close_mlflow_assistant,
+        lambda p: p.get_by_placeholder("Search metric charts").fill("validation"),
+    )
+    return {"mlflow-runs.png": _runs_view_facts(mlflow_ui, experiment_id)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Retake the docs' screenshots of the UIs.")
+    parser.add_argument("--only", choices=("mlflow", "prefect"), help="retake one UI's shots")
+    only = parser.parse_args(argv).only
     from playwright.sync_api import sync_playwright
 
-    prefect_ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
-    mlflow_ui = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
-    flow_run = _flow_run_id(prefect_ui)
-    experiment_id, trial_run = _mlflow_ids(mlflow_ui, "mnist-const")
     chromium = shutil.which("chromium")
     if chromium is None:
         sys.exit("chromium not found: apt-get install -y chromium")
     OUT.mkdir(exist_ok=True)
+    facts: dict[str, Any] = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 760})
-        run_url = f"{prefect_ui}/runs/flow-run/{flow_run}"
-        _shot(page, run_url, "prefect-flow-run.png")
-        _shot(
-            page,
-            run_url,
-            "prefect-trials-artifact.png",
-            lambda p: p.locator("li.p-tab", has_text="Artifacts").first.click(timeout=5000),
-            lambda p: p.get_by_text("-trials", exact=False).first.click(timeout=5000),
-        )
-        ml = "workflowType=machine_learning"
-        close_assistant = _close_mlflow_assistant
-        _shot(
-            page,
-            f"{mlflow_ui}/#/experiments/{experiment_id}/runs?{ml}",
-            "mlflow-runs.png",
-            close_assistant,
-            lambda p: p.locator(
-                '[role=gridcell] button[data-component-id*="runnamecell"]'
-            ).first.click(timeout=5000),
-        )
-        _shot(
-            page,
-            f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{trial_run}/model-metrics?{ml}",
-            "mlflow-trial-metrics.png",
-            close_assistant,
-            lambda p: p.get_by_placeholder("Search metric charts").fill("validation"),
-        )
+        if only != "mlflow":
+            facts.update(_prefect_shots(page))
+        if only != "prefect":
+            facts.update(_mlflow_shots(page))
         browser.close()
+    _record(facts)
     return 0
 
 

@@ -25,7 +25,12 @@ from registry.containment import key_within, normalised_key
 from registry.large_tags import large_tag, load_large_tag
 from registry.settings import RegistrySettings
 from registry.trial_states import COMPLETED, run_status
-from registry.trials_view import TRIALS_VIEW_KEY, TRIALS_VIEW_TAG, trials_view
+from registry.trials_view import (
+    TRIALS_VIEW_KEY,
+    TRIALS_VIEW_TAG,
+    searched_hparams,
+    trials_view_tag,
+)
 
 __all__ = [
     "CONFIG_TAG",
@@ -57,8 +62,10 @@ STATE_TAG = "det.state"
 ERROR_TAG = "det.error"
 HEARTBEAT_TAG = "det.heartbeat"
 PARENT_TAG = "mlflow.parentRunId"
-# MLflow 3.17's UI opens an experiment without this tag in its GenAI (traces) view; ours are
-# model-training experiments, whose page is the runs table.
+# Ours are model-training experiments, whose page is the runs table. MLflow UIs before the
+# GenAI / "Model training" switch chose an experiment's pages by this tag; 3.17.2's ignores
+# it and follows the switch (the URL's ``workflowType``, else the browser's choice, else
+# GenAI): docs/concepts/tracking.md says what a user clicks.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the MLflow UI
@@ -217,19 +224,23 @@ class ExperimentRuns:
         return run_id
 
     def _show_trials(self, hp_columns: list[str]) -> None:
-        """The experiment's saved runs view (``mlflow_link`` opens it): every trial of the
-        experiment, flat, best first by the searcher metric, with its state and one column
-        per hyperparameter. Written when a trial brings columns this run has not shown."""
+        """The experiment's saved runs view (``mlflow_link`` opens it; the runs page's
+        "Views" menu lists it): every trial of the experiment, flat, best first by the
+        searcher metric, with its state and one column per hyperparameter, and charts of
+        the metric against the searched ones. Written when a trial brings columns this run
+        has not shown."""
         searcher = self.raw_config.get("searcher") or {}
         metric = searcher.get("metric")
         columns = (str(metric or ""), *hp_columns)
         if self._view_columns is not None and set(columns) <= set(self._view_columns):
             return
         self._view_columns = tuple(dict.fromkeys((*(self._view_columns or ()), *columns)))
-        view = trials_view(
+        view = trials_view_tag(
             str(metric) if metric else None,
             bool(searcher.get("smaller_is_better", True)),
             list(self._view_columns[1:]),
+            searched_hparams(self.raw_config),
+            int(time.time() * 1000),
         )
         with contextlib.suppress(MlflowException):  # the view is a convenience
             self.client.set_experiment_tag(self.experiment_id, TRIALS_VIEW_TAG, view)
@@ -324,7 +335,9 @@ def _ui_page(tracking_uri: str, page: str) -> str:
 
 def _experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
     tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-    default_view = {TRIALS_VIEW_TAG: trials_view(None, True, [])}
+    default_view = {
+        TRIALS_VIEW_TAG: trials_view_tag(None, True, [], set(), int(time.time() * 1000))
+    }
     if description:
         tags[DESCRIPTION_TAG] = _shown_description(description)
     found = client.get_experiment_by_name(name)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.trials_view import saved_view_state
 from tests.integration.helpers import FLOW_MODEL, run_xor_trial
 from tests.integration.prefect_artifacts import trials_table_and_progress
 
@@ -179,7 +180,7 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
         assert {k: v for k, v in trial.data.params.items() if not k.startswith("hp.")} == params
 
     # The experiment's link opens its saved view: trials flat, best first, metric and hp.*.
-    view = json.loads(experiment.tags["mlflow.sharedViewState.det-trials"])
+    view = saved_view_state(experiment.tags["mlflow.sharedViewState.det-trials"])
     assert view["orderByKey"] == "metrics.`validation/validation_loss`" and view["orderByAsc"]
     assert view["runsHiddenMode"] == "SHOW_ALL"
     assert view["selectedColumns"] == [

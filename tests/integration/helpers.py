@@ -123,3 +123,21 @@ def run_xor_trial(
         text=True,
         timeout=300,
     )
+
+
+def group_alive(pgid: int) -> list[str]:
+    """Processes of the group ``pgid`` still alive (an exited, not yet reaped one is not)."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [" ".join(r) for r in rows if r[0] == str(pgid) and not r[1].startswith("Z")]
+
+
+def killable_runs(home: Path) -> list[Any]:
+    """Every MLflow run of the flow fixture's ``flow-killable`` experiment in ``home``'s
+    store (a run without servers)."""
+    from registry.tracking import client_for
+
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("flow-killable")
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id])

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.helpers import ctrl_c_midway, environment, home_env
+from tests.integration.helpers import (
+    ctrl_c_midway,
+    environment,
+    group_alive,
+    home_env,
+    killable_runs,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
@@ -35,22 +41,6 @@ def _experiment(home: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def _group_alive(pgid: int) -> list[str]:
-    """Processes of the group still alive (an exited, not yet reaped one is not)."""
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()]
-    return [" ".join(r) for r in rows if r[0] == str(pgid) and not r[1].startswith("Z")]
-
-
-def _runs(home: Path) -> list:
-    from registry.tracking import client_for
-
-    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
-    experiment = client.get_experiment_by_name("flow-killable")
-    assert experiment is not None
-    return client.search_runs([experiment.experiment_id])
-
-
 def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     tmp_path: Path,
 ) -> None:
@@ -66,12 +56,12 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     assert proc.returncode == 130, stderr[-3000:]
     assert took <= 30, f"exit took {took:.1f} s"
     time.sleep(1)
-    assert _group_alive(proc.pid) == []
+    assert group_alive(proc.pid) == []
 
     match = re.search(r"--activate ([0-9a-f-]{36})", stderr)
     assert match, stderr[-2000:]
     key = match.group(1)
-    runs = _runs(tmp_path)
+    runs = killable_runs(tmp_path)
     assert {r.info.status for r in runs} == {"KILLED"}
     assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
     trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
@@ -84,7 +74,7 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     resumed = _experiment(tmp_path, "--activate", key)
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-3000:]
-    runs_after = _runs(tmp_path)
+    runs_after = killable_runs(tmp_path)
     assert sorted(r.info.run_id for r in runs_after) == sorted(r.info.run_id for r in runs)
     assert {r.info.status for r in runs_after} == {"FINISHED"}
     records = checkpoint_records(client, trial.info.run_id)

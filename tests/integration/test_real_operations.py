@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import home_env
+from tests.integration.helpers import group_alive, home_env, killable_runs
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
@@ -53,21 +53,6 @@ def _wait_for(pid_file: Path, proc: subprocess.Popen[str]) -> None:
     assert pid_file.exists(), proc.communicate()[1][-3000:]
 
 
-def _group_alive(pgid: int) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()]
-    return [" ".join(r) for r in rows if r[0] == str(pgid) and not r[1].startswith("Z")]
-
-
-def _runs(home: Path) -> list:
-    from registry.tracking import client_for
-
-    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
-    experiment = client.get_experiment_by_name("flow-killable")
-    assert experiment is not None
-    return client.search_runs([experiment.experiment_id])
-
-
 def _alive(pids: list[int]) -> list[int]:
     import psutil
 
@@ -100,8 +85,8 @@ def test_sigterm_to_the_process_group_pauses_with_a_checkpoint_and_exits(tmp_pat
     assert "KilledWorker" not in stderr
     assert re.search(r"--activate [0-9a-f-]{36}", stderr), stderr[-2000:]
     time.sleep(1)
-    assert _group_alive(proc.pid) == []
-    runs = _runs(tmp_path)
+    assert group_alive(proc.pid) == []
+    runs = killable_runs(tmp_path)
     assert {r.info.status for r in runs} == {"KILLED"}
     assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
     trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
@@ -141,9 +126,9 @@ def test_a_trial_stuck_in_train_batch_is_killed_at_the_default_grace(tmp_path: P
     assert "trial 1 did not reach a batch boundary within 60 s of the pause request" in stderr
     assert 60 <= took <= 100, f"exit took {took:.1f} s"
     time.sleep(1)
-    assert _group_alive(proc.pid) == []
+    assert group_alive(proc.pid) == []
     assert _alive([worker, *loaders]) == []
-    runs = _runs(tmp_path)
+    runs = killable_runs(tmp_path)
     assert {r.info.status for r in runs} == {"KILLED"}
 
 
@@ -174,5 +159,5 @@ def test_a_trial_that_ends_its_own_process_is_explained(
     assert last.startswith("error: trial 1 failed in "), last
     assert says in last, last
     assert "KilledWorker" not in stderr
-    runs = _runs(tmp_path)
+    runs = killable_runs(tmp_path)
     assert {r.info.status for r in runs} == {"FAILED"}

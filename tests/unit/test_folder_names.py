@@ -115,6 +115,6 @@ def test_a_safe_job_id_is_kept(monkeypatch):
 def test_a_job_id_with_a_nul_is_refused_where_the_job_folder_is_named():
     from registry.batch_jobs import job_output_uri
 
-    with pytest.raises(ConfigError, match="^the job id=.* is not a usable id") as caught:
+    with pytest.raises(ConfigError, match=r"^the job id=.* is not a usable id") as caught:
         job_output_uri("nul\0")
     assert repr("nul\0") in str(caught.value)

@@ -22,6 +22,8 @@ from typing import Any
 
 import distributed
 from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.states import Cancelled
 
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
@@ -32,6 +34,7 @@ from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
 from flows.workers import StepResult, run_step
+from registry.checkpoints import checkpoint_records
 from registry.models import trial_runs
 from registry.searcher_state import STATE_TAG, save_searcher_state
 from registry.services import trial_run_tags
@@ -241,7 +244,9 @@ class TrialChains:
     def _start(self, work: Work) -> _Stage:
         ref = self._ref(work)
         trial_id = work.trial_id
-        start = self.position.get(trial_id, 0)
+        if trial_id not in self.position:  # first started here: it may continue (activate)
+            self.position[trial_id] = resumed_at(self.runs.client, ref.mlflow_run_id, work.batches)
+        start = self.position[trial_id]
         # None: to searcher.max_length, which the worker turns into batches (epochs and
         # records need the trial's data loader).
         stop = work.batches
@@ -271,6 +276,7 @@ class TrialChains:
         if result.invalid_hp is not None:
             return None
         if stage.kind == "train" and result.preempted is not None:
+            _end_cancelled(stage.future, result)
             if result.preempted == "kill" or self.stop is None or self.stop.state is None:
                 return None
             # Pause and cancel: a checkpoint at the stop batch, no validation (Determined's
@@ -413,6 +419,29 @@ class TrialChains:
             )
             self.table.add(work.trial_id, work.hparams, run_id)
         return self.refs[work.trial_id]
+
+
+def resumed_at(client: Any, run_id: str, stop: int | None) -> int:
+    """Where a trial this flow run has not trained yet starts: its latest checkpoint at or
+    before ``stop``, which its worker restores (an activated experiment's trial goes on
+    from its pause checkpoint); 0 without one."""
+    steps = [int(r["steps_completed"]) for r in checkpoint_records(client, run_id)]
+    return max((s for s in steps if stop is None or s <= stop), default=0)
+
+
+STOPPED_BY = {"kill": "killed (no checkpoint)", "pause": "paused", "cancel": "canceled"}
+
+
+def _end_cancelled(future: Any, result: StepResult) -> None:
+    """A train task stopped on request ends Cancelled in Prefect, saying at which batch and
+    why: Completed read as if it had trained its whole range."""
+    how = STOPPED_BY.get(str(result.preempted), str(result.preempted))
+    message = f"{how} at batch {result.position} by the experiment's stop request"
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(future.task_run_id, Cancelled(message=message), force=True)
+    except Exception as err:  # only what the UI shows is at stake
+        get_run_logger().debug("could not mark the stopped task Cancelled: %s", err)
 
 
 def searcher_metric(validation: dict[str, Any] | None, config: ExperimentConfig) -> float:

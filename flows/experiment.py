@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from flows.embedded import EmbeddedPrefectServer, WarmServices, attach_warm_services
 
@@ -93,6 +93,7 @@ _CHECKED, _PRESTARTED, _WARM = (
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import Abort
 from prefect.flow_runs import suspend_flow_run
 from prefect.runtime import deployment, flow_run
 from prefect.settings import (
@@ -234,6 +235,8 @@ def _run_experiment(
         cfg.searcher.smaller_is_better,
         lambda run_id: mlflow_link(settings.tracking_uri or "", runs.experiment_id, run_id),
         total_trials=_expected_trials(cfg, len({w.trial_id for w in todo} | finished)),
+        parent_run_id=runs.parent_run_id,
+        client=mlflow,
     )
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
@@ -345,9 +348,28 @@ def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key
         how = f"python -m flows.experiment {config_path} --activate {run_key}"
         message = f"experiment {short} paused (trials checkpointed); continue with: {how}"
     else:
-        message = f"experiment {short} {stop.state.lower()} (runs ended KILLED)"
+        done = "killed (no checkpoint)" if stop.mode == "kill" else "canceled (trials checkpointed)"
+        message = f"experiment {short} {done}: runs ended KILLED, det.state {stop.state}"
     get_run_logger().warning(message)
+    if _has_deployment():
+        _end_cancelled(message)
     return Cancelled(message=message)
+
+
+def _end_cancelled(message: str) -> NoReturn:
+    """End this deployment run Cancelled with ``message``, without Prefect's traceback: a
+    returned Cancelled state makes its engine raise CancelledRun once the flow returns,
+    which a deployment run logs as a 30-line "Engine execution exited with unexpected
+    exception" (prefect 3.8.8 flow_engine.run_flow). Abort carrying the state the run was
+    set to is an ending the engine takes as decided: it logs "Finished in state
+    Cancelled(...)" and the process exits 0."""
+    with get_client(sync_client=True) as client:
+        result: Any = client.set_flow_run_state(
+            uuid.UUID(str(flow_run.get_id())), Cancelled(message=message), force=True
+        )
+    ended = Abort(message)
+    ended.state = result.state  # type: ignore[attr-defined]  # read by the flow engine
+    raise ended
 
 
 # Determined's paused experiments wait for activate indefinitely; Prefect fails a suspended

@@ -19,22 +19,18 @@ from __future__ import annotations
 import os
 import uuid
 
-from distributed import Client
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.flow_runs import resume_flow_run
-from prefect.states import Cancelled
-
 from det_tasks.errors import DetTasksError
-from flows.engine import SCHEDULER_ENV
-from flows.stopping import STOP_STATES, stop_metadata_key
-from registry.activation import already_active, not_activatable
-from registry.run_states import mark_experiment_state
+from flows import prefect_rest
+from flows.prefect_rest import FlowRun
 
 __all__ = ["activate", "cancel", "kill", "pause"]
 
-_ACTIVE = {StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED}
-_FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED}
+# Prefect's state types, as its REST API spells them.
+_ACTIVE = {"RUNNING", "PENDING", "SCHEDULED"}
+_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+# What each stop leaves the experiment as (flows.stopping.STOP_STATES, which imports Dask).
+_STOP_STATES = {"pause": "PAUSED", "cancel": "CANCELED", "kill": "CANCELED"}
+SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # flows.engine.SCHEDULER_ENV
 
 
 def pause(experiment_key: str) -> str:
@@ -51,15 +47,16 @@ def pause(experiment_key: str) -> str:
 def activate(experiment_key: str) -> str:
     """Continue a paused experiment where it stopped; one line."""
     run = _flow_run(experiment_key)
-    state = _state(run)
-    if state != StateType.PAUSED:
-        short = experiment_key[:8]
-        if state in _ACTIVE or state == StateType.CANCELLING:
-            raise DetTasksError(already_active(short, state.value))
+    if run.state != "PAUSED":
+        from registry.activation import already_active, not_activatable
+
+        short, state = experiment_key[:8], prefect_rest.experiment_state(run.state)
+        if run.state in _ACTIVE or run.state == "CANCELLING":
+            raise DetTasksError(already_active(short, state))
         raise DetTasksError(
-            not_activatable(short, state.value, "create a new one with det experiment create")
+            not_activatable(short, state, "create a new one with det experiment create")
         )
-    resume_flow_run(run.id)
+    prefect_rest.resume_flow_run(run.id)
     return f"Activated experiment {experiment_key[:8]}"
 
 
@@ -76,19 +73,18 @@ def kill(experiment_key: str) -> str:
 def _stop(experiment_key: str, mode: str) -> str:
     run = _flow_run(experiment_key)
     short = experiment_key[:8]
-    if _state(run) == StateType.PAUSED:  # nothing runs: end it where it is recorded
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(
-                run.id, Cancelled(message=f"experiment {short} {mode}ed while paused"), force=True
-            )
-        mark_experiment_state(experiment_key, STOP_STATES[mode])
+    if run.state == "PAUSED":  # nothing runs: end it where it is recorded
+        from registry.run_states import mark_experiment_state
+
+        message = f"experiment {short} {mode}ed while paused"
+        prefect_rest.set_flow_run_state(run.id, "CANCELLED", "Cancelled", message, force=True)
+        mark_experiment_state(experiment_key, _STOP_STATES[mode])
         return f"Experiment {short} was paused; it is now CANCELED"
-    _require_active(run, "cancelled" if mode == "cancel" else "killed")
+    _require_active(run, "canceled" if mode == "cancel" else "killed")
     _request(experiment_key, mode)
     how = "checkpoint and end" if mode == "cancel" else "end without a checkpoint"
-    return (
-        f"{mode.capitalize()}ing experiment {short}: its trials {how} at their next batch boundary"
-    )
+    doing = "Canceling" if mode == "cancel" else "Killing"
+    return f"{doing} experiment {short}: its trials {how} at their next batch boundary"
 
 
 def _flow_run(experiment_key: str) -> FlowRun:
@@ -98,29 +94,25 @@ def _flow_run(experiment_key: str) -> FlowRun:
         raise DetTasksError(
             f"{experiment_key!r} is not an experiment key (the flow-run id it was created as)"
         ) from None
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id)
-
-
-def _state(run: FlowRun) -> StateType:
-    return run.state.type if run.state else StateType.PENDING
+    return prefect_rest.read_flow_run(flow_run_id)
 
 
 def _require_active(run: FlowRun, verb: str) -> None:
-    state = _state(run)
     short = str(run.id)[:8]
-    if state == StateType.CANCELLING:
-        raise DetTasksError(f"experiment {short} is already being cancelled")
-    if state == StateType.PAUSED:
+    if run.state == "CANCELLING":
+        raise DetTasksError(f"experiment {short} is already being canceled")
+    if run.state == "PAUSED":
         raise DetTasksError(f"experiment {short} is paused already: nothing runs to be {verb}")
-    if state in _FINAL:
+    if run.state in _FINAL:
+        state = prefect_rest.experiment_state(run.state)
         raise DetTasksError(
-            f"experiment {short} is {state.value}: only an active experiment can be {verb}"
+            f"experiment {short} is {state}: only an active experiment can be {verb}"
         )
 
 
 def _request(experiment_key: str, mode: str) -> None:
-    """Leave the stop request where the experiment's flow reads it: the stack's scheduler."""
+    """Leave the stop request where the experiment's flow reads it: the stack's scheduler
+    (flows.stopping.stop_metadata_key), through one RPC, without a Dask client of its own."""
     address = os.environ.get(SCHEDULER_ENV)
     if not address:
         raise DetTasksError(
@@ -128,15 +120,24 @@ def _request(experiment_key: str, mode: str) -> None:
             "the stack's Dask scheduler (source .stack/env after make up); an experiment run "
             "with python -m flows.experiment stops with Ctrl-C in its terminal"
         )
+    import asyncio
+
+    from distributed.core import rpc
+
+    key = ["det-tasks-stop", experiment_key]  # flows.stopping.stop_metadata_key
+
+    async def exchange() -> str | None:
+        async with rpc(address, timeout=10) as scheduler:
+            before = await scheduler.get_metadata(keys=key, default=None)
+            if before != mode:
+                await scheduler.set_metadata(keys=key, value=mode)
+            return before
+
     try:
-        with Client(address, timeout=10, set_as_default=False) as client:
-            key = stop_metadata_key(experiment_key)
-            if client.get_metadata(key, None) == mode:
-                raise DetTasksError(
-                    f"experiment {experiment_key[:8]}: {mode} was already requested"
-                )
-            client.set_metadata(key, mode)
+        before = asyncio.run(exchange())
     except OSError as err:
         raise DetTasksError(
             f"cannot reach the Dask scheduler at {address} ({err}): is the stack up (make up)?"
         ) from None
+    if before == mode:
+        raise DetTasksError(f"experiment {experiment_key[:8]}: {mode} was already requested")

@@ -35,7 +35,7 @@ __all__ = [
 
 EXPERIMENT_DEPLOYMENT = "experiment/submitted"
 JOB_DEPLOYMENT = "batch-inference/submitted"
-FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # Prefect's state types
 
 
 def register(sub: Any) -> None:
@@ -115,10 +115,9 @@ def _start(deployment: str, parameters: dict[str, Any]) -> Any:
 
 
 def _ui_url(flow_run_id: Any) -> str:
-    from prefect.settings import get_current_settings
+    from flows.prefect_rest import ui_url
 
-    ui = get_current_settings().ui_url or ""
-    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}"
+    return f"{ui_url()}/runs/flow-run/{flow_run_id}"
 
 
 def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
@@ -220,41 +219,40 @@ def _log_filter(client: Any, flow_run_id: Any, task_name_contains: str | None) -
 
 
 def experiment_runs(limit: int) -> list[Any]:
-    """The newest ``limit`` flow runs of the experiment flow, newest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.client.schemas.sorting import FlowRunSort
+    """The newest ``limit`` flow runs of the experiment flow, newest first
+    (flows.prefect_rest.FlowRun: what the commands read of them)."""
+    from flows import prefect_rest
 
-    with get_client(sync_client=True) as client:
-        return list(
-            client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["experiment"])),
-                sort=FlowRunSort.START_TIME_DESC,
-                limit=limit,
-            )
-        )
+    return prefect_rest.experiment_runs(limit)
+
+
+def experiment_state(run: Any) -> str:
+    """The experiment's state in Determined's words (ACTIVE, PAUSED, CANCELED...)."""
+    from flows.prefect_rest import experiment_state as state_of
+
+    return state_of(run.state)
 
 
 def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
-    from registry.cli import _client, _table
-    from registry.experiment_view import describe_experiment_run
-    from registry.run_states import end_orphans
+    from registry.cli import _reader, _table, end_orphans_seen
+    from registry.experiment_view import describe_experiment_run, side_by_side
 
-    client = _client()
+    client = _reader()
     # Runs whose flow died without a word (SIGKILL, a lost host) end here, ORPHANED, so a
     # listing never shows them RUNNING for more than a minute past their last heartbeat.
-    for orphan in end_orphans(client, [e.experiment_id for e in client.search_experiments()]):
+    for orphan in end_orphans_seen(client):
         print(f"ended MLflow run {orphan}: its flow stopped without a word", file=sys.stderr)
+    runs = experiment_runs(args.limit)
+    views = side_by_side(lambda run: describe_experiment_run(client, str(run.id)), runs)
     rows = []
-    for run in experiment_runs(args.limit):
-        view = describe_experiment_run(client, str(run.id))
+    for run, view in zip(runs, views, strict=True):
         best = view.best if view else None
         rows.append(
             [
                 shown_id(run.id),
                 view.name if view else run.parameters.get("config", ""),
-                run.state.type.value if run.state else "",
-                f"{run.start_time:%Y-%m-%d %H:%M}" if run.start_time else "",
+                experiment_state(run),
+                f"{run.start_time.astimezone():%Y-%m-%d %H:%M}" if run.start_time else "",
                 len(view.trials) if view else 0,
                 f"{view.metric}={best.metric:.6g}"
                 if view and best and best.metric is not None
@@ -266,13 +264,12 @@ def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str]
 
 
 def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
-    from registry.cli import _client
+    from registry.cli import _reader
     from registry.experiment_view import describe_experiment_run
 
     run = find_flow_run(args.id)
-    view = describe_experiment_run(_client(), str(run.id))
-    state = run.state.type.value if run.state else "PENDING"
-    print(f"experiment run {shown_id(run.id)}: {state}")
+    view = describe_experiment_run(_reader(), str(run.id))
+    print(f"experiment run {shown_id(run.id)}: {experiment_state(run)}")
     print(f"  Prefect flow run: {_ui_url(run.id)}")
     if view is None:
         print("  no MLflow runs yet")
@@ -285,56 +282,63 @@ def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], 
     print_trials(view)
     best = view.best
     if best is not None:
-        print(f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g}, {best.checkpoint}")
+        print(
+            f"best: trial {best.trial_id}, {view.metric}={best.metric:.6g} at batch "
+            f"{best.best_step}, {best.checkpoint}"
+        )
     return 0
 
 
-def print_trials(view: Any) -> None:
-    """One row per trial of an ``ExperimentView``: run, state, batches, best metric."""
+def print_trials(view: Any, label: Callable[[str], str] = str) -> None:
+    """One row per trial of an ``ExperimentView`` (``label``: how a trial id is shown):
+    state, batches trained, best metric and its batch, latest metric, run, checkpoint."""
     from registry.cli import _table
 
+    metric = view.metric or "metric"
     rows = [
         [
-            t.trial_id,
-            t.run_id,
+            label(t.trial_id),
             t.state,
             t.batches,
-            "" if t.metric is None else f"{t.metric:.6g}",
+            _number(t.metric),
+            "" if t.best_step is None else t.best_step,
+            _number(t.latest),
+            t.run_id,
             t.checkpoint,
         ]
         for t in view.trials
     ]
-    _table(
-        rows,
-        ["trial", "mlflow run", "state", "batches", view.metric or "metric", "best checkpoint"],
-    )
+    header = ["trial", "state", "batches", f"best {metric}", "at batch", metric, "mlflow run"]
+    _table(rows, [*header, "best checkpoint"])
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
 
 
 def find_flow_run(ident: str) -> Any:
     """The experiment flow run named by its id or a unique prefix of 8+ characters."""
     import uuid
 
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    from flows.prefect_rest import PrefectError, read_flow_run
 
     try:
         full = uuid.UUID(ident)
     except ValueError:
         full = None
     if full is not None:
-        with get_client(sync_client=True) as client:
-            try:
-                return client.read_flow_run(full)
-            except ObjectNotFound:
+        try:
+            return read_flow_run(full)
+        except PrefectError as err:
+            if err.status == 404:
                 raise DetTasksError(f"no experiment run with id {ident!r}") from None
-            except Exception as err:  # unreachable server, refused auth, ...
-                raise _server_error(ident, err) from err
+            raise _server_error(ident, err) from None
     if len(ident) < 8:
         raise ConfigError(f"experiment id {ident!r} is too short: give 8+ characters")
     try:
         runs = experiment_runs(200)
-    except Exception as err:
-        raise _server_error(ident, err) from err
+    except DetTasksError as err:
+        raise _server_error(ident, err) from None
     matches = [r for r in runs if str(r.id).startswith(ident)]
     if len(matches) != 1:
         found = "no" if not matches else f"{len(matches)}"
@@ -347,9 +351,9 @@ _find_flow_run = find_flow_run  # the name the surfaced-errors test imports
 
 def _server_error(ident: str, err: Exception) -> DetTasksError:
     """Looking a run up failed for a reason other than "not found": say which."""
-    from prefect.settings import get_current_settings
+    from flows.prefect_rest import api_url
 
-    api = get_current_settings().api.url or "(no PREFECT_API_URL set)"
+    api = api_url() or "(no PREFECT_API_URL set)"
     return DetTasksError(
         f"could not look up experiment run {ident!r}: the Prefect server at {api} failed "
         f"({type(err).__name__}: {err}); is it up (make up) and are PREFECT_API_URL and "

@@ -1,19 +1,24 @@
 """The experiment flow run's table of trials and its progress, as two Prefect artifacts
-created once and updated in place as trials finish segments, so the UI and ``--watch``
-users see results without reading logs (a ``create_*_artifact`` call per update would store
-a new copy of the whole table each time: quadratic in the number of trials).
+created once and updated in place as trials run and end, so the UI and ``--watch`` users
+see results without reading logs (a ``create_*_artifact`` call per update would store a new
+copy of the whole table each time: quadratic in the number of trials).
 
-Each row's "best" is the trial's best validation of the searcher metric over its whole
-history, by the same rule as the parent run's ``det.best.*`` tags and ``det-tasks
-experiment describe`` (registry.experiment_view): while a trial runs the table knows only
-the validations that end its segments; once its MLflow run is complete (the trial
-COMPLETED, or STOPPED when the search ended) the row is settled from MLflow.
+Every number in a row (batches trained, the searcher metric's best, the batch it was
+reached at, its latest value, the best checkpoint) is registry.experiment_view's
+``trial_progress`` of the trial's MLflow run: the reading ``det experiment describe`` and
+``list-trials`` show too. A row is read again when its trial changed (a segment ended, it
+stopped, it was released), while it runs (at most every ``LIVE_REFRESH_S``), and all rows
+by ``publish()``, which the flow calls once its trials are released: rows keep their numbers
+after a pause or a kill. An activated experiment's table starts with every trial its parent
+run has, the ones that ended before this flow run included. The best row is also written
+to the parent run's ``det.best.*`` tags whenever it changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import time
@@ -30,12 +35,24 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 
 from det_tasks.config.hyperparameters import flatten_hparams
-from registry.experiment_view import TrialBest, best_point, trial_best
+from registry.experiment_view import (
+    TrialProgress,
+    read_trial_progress,
+    trial_runs_of,
+)
+from registry.run_records import STATE_TAG, TRIAL_TAG
 from registry.settings import RegistrySettings
 from registry.tracking import client_for
-from registry.trial_states import CANCELED, COMPLETED, ERROR, STOPPED
+from registry.trial_states import CANCELED, COMPLETED, ERROR, STOPPED, trial_state
 
-__all__ = ["FINISHED_STATES", "PRUNED", "SETTLED_STATES", "TrialTable", "significant"]
+__all__ = [
+    "BEST_TAG",
+    "FINISHED_STATES",
+    "PRUNED",
+    "SETTLED_STATES",
+    "TrialTable",
+    "significant",
+]
 
 PRUNED = "PRUNED"  # ended early by an optuna searcher's pruner (its run: FINISHED, det.state)
 
@@ -47,8 +64,12 @@ DIGITS = 4  # significant digits of every number the table shows
 # How often publish_soon sends the table at most (see publish_interval_s).
 MIN_PUBLISH_INTERVAL_S = 2.0
 PUBLISH_INTERVAL_PER_TRIAL_S = 0.01
+LIVE_REFRESH_S = 10.0  # while trials run, their rows are read again this often
+BEST_TAG = "det.best."  # registry.summary's tags of the winner, on the parent run
 
-BestOf = Callable[[str], TrialBest]  # MLflow run id -> the trial's best
+ProgressOf = Callable[[str], TrialProgress]  # MLflow run id -> the trial's numbers
+NO_PROGRESS = TrialProgress(0, None, None, None, None, None)
+_logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -58,20 +79,8 @@ class _Row:
     mlflow_run_id: str
     mlflow: str
     state: str = "QUEUED"
-    batches: int = 0
-    metric: float | None = None  # at the end of the latest segment
-    # (batch, value, checkpoint at that batch) of each segment-ending validation seen.
-    seen: list[tuple[int, float, str | None]] = dataclasses.field(default_factory=list)
-    settled: TrialBest | None = None  # from the trial's complete MLflow history
-
-    def best(self, smaller_is_better: bool) -> TrialBest:
-        if self.settled is not None and self.settled.value is not None:
-            return self.settled
-        point = best_point(((b, v) for b, v, _ in self.seen), smaller_is_better)
-        if point is None:
-            return TrialBest(None, None, None)
-        checkpoint = next((c for b, _, c in self.seen if b == point[0] and c), None)
-        return TrialBest(point[1], point[0], checkpoint)
+    progress: TrialProgress = NO_PROGRESS
+    stale: bool = True  # changed since its numbers were last read
 
 
 class TrialTable:
@@ -87,11 +96,15 @@ class TrialTable:
         mlflow_link: Callable[[str], str],
         *,
         total_trials: int | None = None,
-        best_of: BestOf | None = None,
+        progress_of: ProgressOf | None = None,
+        parent_run_id: str | None = None,
+        client: Any = None,
     ) -> None:
         """``total_trials``: how many the searcher will run, for the progress artifact
-        (default: the trials known so far). ``best_of``: a trial's best from its finished
-        MLflow run (default: read from the MLflow server in MLFLOW_TRACKING_URI)."""
+        (default: the trials known so far). ``progress_of``: a trial's numbers (default:
+        ``read_trial_progress`` from ``client``, else the MLflow server in
+        MLFLOW_TRACKING_URI). ``parent_run_id``: the experiment's parent run, whose trials
+        the table starts with and whose ``det.best.*`` tags it keeps."""
         self.key = _artifact_key(f"{experiment}-trials")
         self.progress_key = _artifact_key(f"{experiment}-progress")
         self.experiment = experiment
@@ -99,53 +112,63 @@ class TrialTable:
         self.smaller_is_better = smaller_is_better
         self.mlflow_link = mlflow_link
         self.total_trials = total_trials
-        self._best_of = best_of
+        self.parent_run_id = parent_run_id
+        self._client = client
+        self._progress_of = progress_of
         self.rows: dict[int, _Row] = {}
         self._table_id: UUID | None = None
         self._progress_id: UUID | None = None
         self._published_at = -math.inf  # time.monotonic() of the last publish
         self._stale = False  # changed since then (publish_soon held it back)
+        self._adopted = parent_run_id is None  # the parent's earlier trials are rows
+        self._best_written: tuple[Any, ...] | None = None
 
     def add(self, trial_id: int, hparams: dict[str, Any], mlflow_run_id: str) -> None:
-        if trial_id not in self.rows:
+        row = self.rows.get(trial_id)
+        if row is None:
             link = self.mlflow_link(mlflow_run_id)
             self.rows[trial_id] = _Row(trial_id, hparams, mlflow_run_id, link)
+        else:  # adopted from MLflow: the searcher's own values replace the params' text
+            row.hparams = hparams
 
     def set_state(self, trial_id: int, state: str) -> None:
-        self.rows[trial_id].state = state
+        row = self.rows[trial_id]
+        row.state, row.stale = state, True
 
     def segment_done(
         self, trial_id: int, batches: int, metric: float, checkpoint: str | None
     ) -> None:
-        """The validation that ended a segment (at ``batches``) and its checkpoint."""
-        row = self.rows[trial_id]
-        row.batches, row.metric = batches, metric
-        row.seen.append((batches, metric, checkpoint))
+        """A segment ended (at ``batches``; its validation ``metric``, its checkpoint):
+        the row is read again from MLflow at the next publish."""
+        self.rows[trial_id].stale = True
 
     # ---- what the table says ------------------------------------------------------------
-    def settle(self) -> None:
-        """Read the complete MLflow history of each trial that reached a settled state
-        since the last call (once per trial)."""
+    def refresh(self, every_row: bool = False) -> None:
+        """Read the numbers of the rows that changed or run (``every_row``: of all)."""
+        progress_of = self._lookup()
+        if progress_of is None:
+            return
         for row in self.rows.values():
-            if row.state in SETTLED_STATES and row.settled is None:
-                best_of = self._lookup()
-                if best_of is not None:
-                    row.settled = best_of(row.mlflow_run_id)
+            if every_row or row.stale or row.state == "RUNNING":
+                try:
+                    row.progress, row.stale = progress_of(row.mlflow_run_id), False
+                except Exception as err:  # MLflow busy or away: the old numbers, read later
+                    _logger.warning("trials table: trial %d not read (%s)", row.trial_id, err)
 
     def best(self) -> dict[str, Any] | None:
         """The best trial as the flow's summary reports it (same trial, value, batch and
         checkpoint as the table's first row)."""
         ranked = self._ranked()
-        if not ranked or ranked[0][1].value is None:
+        if not ranked or ranked[0].progress.best is None:
             return None
-        row, best = ranked[0]
+        row = ranked[0]
         return {
             "trial_id": row.trial_id,
-            "metric": best.value,
-            "step": best.step,
+            "metric": row.progress.best,
+            "step": row.progress.best_step,
             "hparams": row.hparams,
-            "checkpoint": best.checkpoint,
-            "batches_trained": row.batches,
+            "checkpoint": row.progress.checkpoint,
+            "batches_trained": row.progress.batches,
         }
 
     def table(self) -> list[dict[str, Any]]:
@@ -153,21 +176,22 @@ class TrialTable:
         fixed = ["trial", "state", "batches", f"best {self.metric}", "best at batch"]
         fixed += [self.metric, "best checkpoint", "mlflow"]
         rows = []
-        for row, best in self._ranked():
+        for row in self._ranked():
             hparams = {
                 (name if name not in fixed else f"hp.{name}"): significant(value)
                 for name, value in flatten_hparams(row.hparams).items()
             }
+            numbers = row.progress
             rows.append(
                 {
                     "trial": row.trial_id,
                     "state": row.state,
-                    "batches": row.batches,
-                    f"best {self.metric}": significant(best.value),
-                    "best at batch": best.step,
-                    self.metric: significant(row.metric),
+                    "batches": numbers.batches,
+                    f"best {self.metric}": significant(numbers.best),
+                    "best at batch": numbers.best_step,
+                    self.metric: significant(numbers.latest),
                     **hparams,
-                    "best checkpoint": best.checkpoint,
+                    "best checkpoint": numbers.checkpoint,
                     "mlflow": row.mlflow,
                 }
             )
@@ -185,12 +209,17 @@ class TrialTable:
         so one per trial end made an experiment's bookkeeping grow with the square of its
         trials (1,024 trials: a 100 KB table written 2,000 times)."""
         if time.monotonic() - self._published_at >= self.publish_interval_s:
-            self.publish()
+            self._send(every_row=False)
         else:
             self._stale = True
 
     def publish_if_stale(self) -> None:
-        """Publish what ``publish_soon`` held back, once it is due."""
+        """Publish what ``publish_soon`` held back once it is due, and running trials'
+        numbers every ``LIVE_REFRESH_S`` (or ``publish_interval_s``, when longer)."""
+        running = any(row.state == "RUNNING" for row in self.rows.values())
+        every = max(LIVE_REFRESH_S, self.publish_interval_s)
+        if running and time.monotonic() - self._published_at >= every:
+            self._stale = True
         if self._stale:
             self.publish_soon()
 
@@ -201,11 +230,21 @@ class TrialTable:
         return max(MIN_PUBLISH_INTERVAL_S, PUBLISH_INTERVAL_PER_TRIAL_S * len(self.rows))
 
     def publish(self) -> None:
-        """The table and progress artifacts as they are now: created by the first call
-        (in the flow run), updated in place by later ones."""
+        """Every row read again, then the table and progress artifacts as they are now:
+        created by the first call (in the flow run), updated in place by later ones. The
+        flow calls it once its trials are released (their MLflow runs complete)."""
+        self._send(every_row=True)
+
+    def _send(self, every_row: bool) -> None:
         self._published_at, self._stale = time.monotonic(), False
-        self.settle()
+        try:
+            self._adopt()
+        except Exception as err:  # MLflow busy or away: the rows this flow run knows
+            _logger.warning("trials table: the parent run's trials not read (%s)", err)
+        self.refresh(every_row)
         rows = self.table()
+        if self._table_id is None:
+            self._table_id = _existing(self.key)
         if self._table_id is None:
             self._table_id = _created(
                 create_table_artifact(table=rows, key=self.key, description=self._description())
@@ -218,23 +257,28 @@ class TrialTable:
         percent = 100.0 * done / total if total else 0.0
         text = f"{done} of {total} trials of experiment {self.experiment!r} finished"
         if self._progress_id is None:
+            self._progress_id = _existing(self.progress_key)
+        if self._progress_id is None:
             self._progress_id = _created(
                 create_progress_artifact(percent, key=self.progress_key, description=text)
             )
         else:
             update_progress_artifact(self._progress_id, percent, description=text)
+        try:
+            self._write_best()
+        except Exception as err:  # written again with the next change
+            _logger.warning("trials table: det.best.* not written (%s)", err)
 
-    def _ranked(self) -> list[tuple[_Row, TrialBest]]:
+    def _ranked(self) -> list[_Row]:
         sign = 1.0 if self.smaller_is_better else -1.0
-        scored = [(row, row.best(self.smaller_is_better)) for row in self.rows.values()]
 
-        def order(item: tuple[_Row, TrialBest]) -> tuple[int, float, int, int]:
-            row, best = item
-            if best.value is None:
+        def order(row: _Row) -> tuple[int, float, int, int]:
+            best = row.progress
+            if best.best is None:
                 return (1, 0.0, 0, row.trial_id)
-            return (0, sign * best.value, best.step or 0, row.trial_id)
+            return (0, sign * best.best, best.best_step or 0, row.trial_id)
 
-        return sorted(scored, key=order)
+        return sorted(self.rows.values(), key=order)
 
     def _description(self) -> str:
         better = "smaller" if self.smaller_is_better else "larger"
@@ -243,15 +287,97 @@ class TrialTable:
             f"{self.metric}, {better} is better; best over every validation)"
         )
 
-    def _lookup(self) -> BestOf | None:
-        if self._best_of is None:
+    def _mlflow(self) -> Any:
+        if self._client is None:
             uri = RegistrySettings.from_env().tracking_uri
-            if not uri:
+            if uri:
+                self._client = client_for(uri)
+        return self._client
+
+    def _lookup(self) -> ProgressOf | None:
+        if self._progress_of is None:
+            client = self._mlflow()
+            if client is None:
                 return None
-            client = client_for(uri)
             metric, smaller = self.metric, self.smaller_is_better
-            self._best_of = lambda run_id: trial_best(client, run_id, metric, smaller)
-        return self._best_of
+            self._progress_of = lambda run_id: read_trial_progress(client, run_id, metric, smaller)
+        return self._progress_of
+
+    def _adopt(self) -> None:
+        """Rows for the trials the parent run already has (an activated experiment's
+        trials that ended before this flow run), once."""
+        client = self._mlflow()
+        if self._adopted or client is None:
+            return
+        parent = client.get_run(self.parent_run_id)
+        for run in trial_runs_of(client, parent):
+            trial_id = _trial_number(run)
+            if trial_id is None or trial_id in self.rows:
+                continue
+            hparams = {k[3:]: _param_value(v) for k, v in run.data.params.items() if k[:3] == "hp."}
+            self.add(trial_id, hparams, run.info.run_id)
+            self.rows[trial_id].state = trial_state(run.info.status, run.data.tags.get(STATE_TAG))
+        self._adopted = True
+
+    def _write_best(self) -> None:
+        """The best row on the parent run's ``det.best.*`` tags (as registry.summary
+        names them), when it changed."""
+        best, client = self.best(), self._mlflow()
+        if best is None or client is None or self.parent_run_id is None:
+            return
+        row = self.rows[best["trial_id"]]
+        written = (best["trial_id"], best["metric"], best["step"], best["checkpoint"])
+        if written == self._best_written:
+            return
+        from mlflow.entities import RunTag
+
+        tags = {
+            f"{BEST_TAG}trial_id": str(best["trial_id"]),
+            f"{BEST_TAG}run_id": row.mlflow_run_id,
+            f"{BEST_TAG}step": str(best["step"]),
+            f"{BEST_TAG}{self.metric}": repr(best["metric"]),
+            **{f"{BEST_TAG}hp.{k}": str(v) for k, v in flatten_hparams(row.hparams).items()},
+        }
+        if best["checkpoint"]:
+            tags[f"{BEST_TAG}checkpoint"] = str(best["checkpoint"])
+        client.log_batch(self.parent_run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+        self._best_written = written
+
+
+def _existing(key: str) -> UUID | None:
+    """This flow run's artifact ``key``, when an earlier execution of it made one (an
+    activated experiment's flow run runs again): updated, so the run shows one table."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    if not run_id:
+        return None
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(str(run_id))])),
+            limit=1,
+        )
+    return found[0].id if found else None
+
+
+def _trial_number(run: Any) -> int | None:
+    text = run.data.tags.get(TRIAL_TAG, "")
+    return int(text) if text.isdigit() else None
+
+
+def _param_value(text: str) -> Any:
+    """A hyperparameter as its MLflow param's text: a number or JSON value back, else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def significant(value: Any) -> Any:

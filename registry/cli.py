@@ -17,6 +17,7 @@ from det_tasks.errors import DetTasksError
 __all__ = [
     "create_model",
     "delete_experiment_runs",
+    "end_orphans_seen",
     "experiment_key_of_trial_run",
     "experiment_labels",
     "experiment_parent",
@@ -32,14 +33,48 @@ __all__ = [
 ]
 
 
-def _client() -> Any:
+def _tracking_uri() -> str:
     from registry.settings import RegistrySettings
-    from registry.tracking import client_for
 
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
         raise DetTasksError("MLFLOW_TRACKING_URI is not set (after `make up`: source .stack/env)")
-    return client_for(settings.tracking_uri)
+    return settings.tracking_uri
+
+
+def _client() -> Any:
+    from registry.tracking import client_for
+
+    return client_for(_tracking_uri())
+
+
+def _reader() -> Any:
+    """For commands that only read: MLflow's REST API over the standard library when the
+    server allows (registry.mlflow_rest: no MLflow import), else MLflow's client."""
+    from registry.mlflow_rest import reader_for
+
+    return reader_for(_tracking_uri())
+
+
+def end_orphans_seen(reader: Any) -> list[str]:
+    """End the experiment runs whose flow is gone (registry.run_states.end_orphans), found
+    through ``reader``: MLflow's client is loaded only when there is one to end."""
+    from registry.run_records import HEARTBEAT_TAG, orphaned
+
+    experiments = [e.experiment_id for e in reader.search_experiments()]
+    if not experiments:
+        return []
+    running = reader.search_runs(
+        experiments,
+        filter_string=f"attributes.status = 'RUNNING' and tags.`{HEARTBEAT_TAG}` != ''",
+        max_results=1000,
+    )
+    gone = sorted({run.info.experiment_id for run in running if orphaned(run)})
+    if not gone:
+        return []
+    from registry.run_states import end_orphans
+
+    return end_orphans(_client(), gone)
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> None:
@@ -84,17 +119,22 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 def ranked_checkpoints(
     client: Any, parent: Any
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-    """An experiment run's checkpoint records, each with its ``trial``: (searcher metric,
-    those validated with it best first, the rest newest first)."""
-    from registry import models as models_lib
-    from registry.checkpoints import checkpoint_records, rank_by_metric
+    """An experiment run's checkpoint records, each with its ``trial`` (run name),
+    ``trial_id`` and ``run_id``: (searcher metric, those validated with it best first, the
+    rest newest first). Reads through MLflow's client or registry.mlflow_rest's reader."""
+    from registry.experiment_view import searcher_of, trial_runs_of
+    from registry.run_records import TRIAL_TAG, checkpoint_records_of, rank_by_metric
 
-    metric = parent.data.tags.get("det.searcher.metric", "")
-    smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
+    metric, smaller = searcher_of(parent)
     records = [
-        {**record, "trial": run.info.run_name, "run_id": run.info.run_id}
-        for run in models_lib.trial_runs(client, parent)
-        for record in checkpoint_records(client, run.info.run_id)
+        {
+            **record,
+            "trial": run.info.run_name,
+            "trial_id": run.data.tags.get(TRIAL_TAG, ""),
+            "run_id": run.info.run_id,
+        }
+        for run in trial_runs_of(client, parent)
+        for record in checkpoint_records_of(run)
     ]
     ranked = rank_by_metric(records, metric, smaller) if metric else []
     scored = {id(r) for r in ranked}
@@ -105,11 +145,19 @@ def ranked_checkpoints(
     return metric, ranked, rest
 
 
-def print_checkpoints(client: Any, parent: Any, best: int | None = None) -> int:
-    """Table of the experiment run's checkpoints, best first; with ``best``, only the best N
-    validated ones (Determined's ``list-checkpoints --best N``). Returns the rows printed."""
+def print_checkpoints(
+    client: Any, parent: Any, best: int | None = None, batch_order: bool = False
+) -> int:
+    """Table of the experiment run's checkpoints, best first (``batch_order``: by trial,
+    then batch, as ``det experiment list-checkpoints`` lists them); with ``best``, only the
+    best N validated ones (Determined's ``list-checkpoints --best N``). Returns the rows
+    printed."""
+    from registry.experiment_view import trial_order
+
     metric, ranked, rest = ranked_checkpoints(client, parent)
     shown = ranked[:best] if best is not None else [*ranked, *rest]
+    if batch_order:
+        shown.sort(key=lambda r: (trial_order(str(r["trial_id"])), int(r["steps_completed"])))
     rows = [
         [
             r["trial"],
@@ -270,13 +318,13 @@ def register_checkpoint_version(client: Any, name: str, checkpoint_uuid: str) ->
 
 def experiment_key_of_trial_run(client: Any, run_id: str) -> str:
     """The experiment key (flow-run id) of the experiment run a trial's MLflow run is in."""
-    from mlflow.exceptions import MlflowException
-
-    from registry.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
+    from registry.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG
 
     try:
         run = client.get_run(run_id)
-    except MlflowException:
+    except Exception as err:  # the server's refusal (MlflowException, MlflowReaderError)
+        if not getattr(err, "error_code", None):  # not reached, or not MLflow's answer
+            raise
         raise DetTasksError(f"MLflow has no run {run_id!r}") from None
     parent_id = run.data.tags.get(PARENT_TAG)
     key = client.get_run(parent_id).data.tags.get(EXPERIMENT_RUN_TAG) if parent_id else None
@@ -317,12 +365,12 @@ LABEL_TAG = "det.label."
 
 def experiment_parent(client: Any, run_key: str) -> Any:
     """The MLflow parent run of the experiment run ``run_key`` (its flow-run id)."""
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiment_view import find_parent
 
-    view = describe_experiment_run(client, run_key)
-    if view is None:
+    found = find_parent(client, run_key)
+    if found is None:
         raise DetTasksError(f"experiment {run_key} has no MLflow run yet; try again once it starts")
-    return client.get_run(view.parent_run_id)
+    return found[0]
 
 
 def set_experiment_description(client: Any, run_key: str, description: str) -> None:

@@ -1,45 +1,62 @@
-"""What ``det-tasks experiment list/describe`` show from MLflow: an experiment run's trials,
-their progress and best metric, and the best checkpoint; and a trial id -> checkpoint lookup
-for ``context.load_checkpoint_trial(trial_id=...)``."""
+"""What an experiment run's trials have done, as MLflow records it: one reading
+(``trial_progress``) of each trial's batches trained, best and latest searcher metric and
+best checkpoint, for ``det experiment describe|list-trials``, ``det trial describe``, the
+flow's Prefect trials table and the parent run's ``det.best.*`` tags alike, live and after
+any stop; and a trial id -> checkpoint lookup for ``context.load_checkpoint_trial``.
+
+It reads through any client with MlflowClient's read calls: ``det`` passes
+registry.mlflow_rest's reader, so this module imports no MLflow itself.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
-from typing import Any
-
-from mlflow.tracking import MlflowClient
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from det_tasks.errors import DetTasksError
-from registry.checkpoints import (
-    checkpoint_records,
+from registry.run_records import (
+    EXPERIMENT_RUN_TAG,
+    PARENT_TAG,
+    STATE_TAG,
+    TRIAL_TAG,
+    checkpoint_records_of,
     rank_by_metric,
-    resolve_checkpoint_uuid,
     validation_value,
 )
-from registry.models import trial_runs
-from registry.settings import RegistrySettings
-from registry.tracking import EXPERIMENT_RUN_TAG, STATE_TAG, TRIAL_TAG, client_for
 from registry.trial_states import trial_state
 
 __all__ = [
+    "PROGRESS_KEY",
     "ExperimentView",
-    "TrialBest",
+    "TrialProgress",
     "TrialView",
     "best_point",
     "describe_experiment_run",
+    "find_parent",
+    "read_trial_progress",
     "resolve_trial_checkpoint",
-    "trial_best",
+    "searcher_of",
+    "side_by_side",
+    "trial_order",
+    "trial_progress",
+    "trial_runs_of",
+    "trial_view",
 ]
+
+PROGRESS_KEY = "progress/batches"  # what the harness reports at every training report
+PARALLEL_READS = 8  # metric histories read at once (one request each)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def best_point(
     points: Iterable[tuple[int, float]], smaller_is_better: bool
 ) -> tuple[int, float] | None:
     """The best (step, value) of a trial's validations: the searcher's ordering, ties to the
-    earlier step, non-finite values never best (the rule ``det.best.*`` on the parent uses)."""
+    earlier step, non-finite values never best."""
     sign = 1.0 if smaller_is_better else -1.0
     finite = [(step, value) for step, value in points if math.isfinite(value)]
     if not finite:
@@ -48,50 +65,81 @@ def best_point(
 
 
 @dataclasses.dataclass(frozen=True)
-class TrialBest:
-    """A trial's best validation (value, and the batch it was reached at) and its best
-    checkpoint: every validation counts, not only the one at the end of a segment."""
+class TrialProgress:
+    """How far a trial got and how good it was, from its MLflow run alone."""
 
-    value: float | None
-    step: int | None
-    checkpoint: str | None
+    batches: int  # trained: progress/batches (at least its last validation and checkpoint)
+    best: float | None  # the best validation of the searcher metric, over all of them
+    best_step: int | None
+    latest: float | None  # the validation at the largest batch (MLflow's "latest")
+    latest_step: int | None
+    checkpoint: str | None  # the best checkpoint by the same ordering (else the newest)
 
 
-def trial_best(
-    client: MlflowClient,
-    run_id: str,
-    metric: str,
-    smaller_is_better: bool,
-    records: list[dict[str, Any]] | None = None,
-) -> TrialBest:
-    """The trial run's best ``validation/<metric>`` over its whole history, and its best
-    checkpoint by the same ordering (the latest one when none carries the metric). A run
-    with no such history (e.g. imported checkpoints only) falls back to its records."""
-    if records is None:
-        records = checkpoint_records(client, run_id)
-    history = client.get_metric_history(run_id, f"validation/{metric}")
-    point = best_point(((m.step, m.value) for m in history), smaller_is_better)
-    ranked = rank_by_metric(records, metric, smaller_is_better)
-    checkpoint = ranked[0]["uri"] if ranked else (records[-1]["uri"] if records else None)
-    value = validation_value(ranked[0], metric) if ranked else None
-    if point is None and value is not None:
-        point = (int(ranked[0].get("steps_completed", 0)), value)
-    return TrialBest(
-        value=point[1] if point else None,
-        step=point[0] if point else None,
-        checkpoint=None if checkpoint is None else str(checkpoint),
+def trial_progress(
+    run: Any, history: Sequence[Any], metric: str, smaller_is_better: bool
+) -> TrialProgress:
+    """The one reading of a trial's numbers that every view shows, from its run (tags:
+    checkpoint records; latest metrics: ``progress/batches``) and the history of
+    ``validation/<metric>`` (points with step, value, timestamp). A run without such
+    history (imported checkpoints only) takes its best from the checkpoint records."""
+    records = checkpoint_records_of(run)
+    best = best_point(((m.step, m.value) for m in history), smaller_is_better)
+    ranked = rank_by_metric(records, metric, smaller_is_better) if metric else []
+    if best is None and ranked:
+        value = validation_value(ranked[0], metric)
+        best = None if value is None else (int(ranked[0]["steps_completed"]), value)
+    latest = max(history, key=lambda m: (m.step, m.timestamp), default=None)
+    reached = [run.data.metrics.get(PROGRESS_KEY, 0.0), *(m.step for m in history)]
+    reached += [r["steps_completed"] for r in records]
+    newest = str(records[-1]["uri"]) if records else None
+    return TrialProgress(
+        batches=int(max(reached)),
+        best=None if best is None else best[1],
+        best_step=None if best is None else best[0],
+        latest=None if latest is None else latest.value,
+        latest_step=None if latest is None else latest.step,
+        checkpoint=str(ranked[0]["uri"]) if ranked else newest,
     )
+
+
+def read_trial_progress(
+    client: Any, run: Any, metric: str, smaller_is_better: bool
+) -> TrialProgress:
+    """``trial_progress`` of ``run`` (a run, or its id), its history read from ``client``."""
+    if isinstance(run, str):
+        run = client.get_run(run)
+    history = client.get_metric_history(run.info.run_id, f"validation/{metric}") if metric else []
+    return trial_progress(run, history, metric, smaller_is_better)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialView:
     trial_id: str
     run_id: str
-    state: str  # registry.trial_states: COMPLETED, STOPPED, ERROR... as the trials table says
-    batches: int
-    metric: float | None  # the best validation value, at batch best_step
-    checkpoint: str | None
-    best_step: int | None = None
+    state: str  # registry.trial_states: COMPLETED, STOPPED, CANCELED... as the table says
+    progress: TrialProgress
+
+    @property
+    def batches(self) -> int:
+        return self.progress.batches
+
+    @property
+    def metric(self) -> float | None:
+        """The best validation value, reached at ``best_step``."""
+        return self.progress.best
+
+    @property
+    def best_step(self) -> int | None:
+        return self.progress.best_step
+
+    @property
+    def latest(self) -> float | None:
+        return self.progress.latest
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.progress.checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +150,7 @@ class ExperimentView:
     metric: str
     smaller_is_better: bool
     trials: list[TrialView]
+    parent: Any = None  # the parent run as the client returned it
 
     @property
     def best(self) -> TrialView | None:
@@ -111,50 +160,81 @@ class ExperimentView:
         sign = 1.0 if self.smaller_is_better else -1.0
         return min(
             scored,
-            key=lambda t: (sign * float(t.metric), t.best_step or 0, _trial_order(t.trial_id)),  # type: ignore[arg-type]
+            key=lambda t: (sign * float(t.metric), t.best_step or 0, trial_order(t.trial_id)),  # type: ignore[arg-type]
         )
 
 
-def _trial_order(trial_id: str) -> tuple[int, str]:
+def trial_order(trial_id: str) -> tuple[int, str]:
+    """Trials by number (1, 2, 10), anything else after them."""
     return (int(trial_id), "") if trial_id.isdigit() else (1 << 62, trial_id)
 
 
-def _trial_view(client: MlflowClient, run: Any, metric: str, smaller: bool) -> TrialView:
-    records = checkpoint_records(client, run.info.run_id)
-    best = trial_best(client, run.info.run_id, metric, smaller, records)
-    batches = run.data.metrics.get("batches", 0)
-    if records:
-        batches = max(batches, max(int(r.get("steps_completed", 0)) for r in records))
+def trial_view(client: Any, run: Any, metric: str, smaller_is_better: bool) -> TrialView:
     return TrialView(
         trial_id=run.data.tags.get(TRIAL_TAG, "?"),
         run_id=run.info.run_id,
         state=trial_state(run.info.status, run.data.tags.get(STATE_TAG)),
-        batches=int(batches),
-        metric=best.value,
-        checkpoint=best.checkpoint,
-        best_step=best.step,
+        progress=read_trial_progress(client, run, metric, smaller_is_better),
     )
 
 
-def describe_experiment_run(client: MlflowClient, run_key: str) -> ExperimentView | None:
-    """The MLflow side of the experiment run ``run_key`` (the Prefect flow-run id)."""
-    experiments = [e.experiment_id for e in client.search_experiments()]
+def searcher_of(parent: Any) -> tuple[str, bool]:
+    """The searcher metric and its ordering, as the parent run records them."""
+    tags = parent.data.tags
+    return tags.get("det.searcher.metric", ""), tags.get(
+        "det.searcher.smaller_is_better", "True"
+    ) == "True"
+
+
+def find_parent(client: Any, run_key: str) -> tuple[Any, str] | None:
+    """The MLflow parent run of the experiment run ``run_key`` (the Prefect flow-run id),
+    and its MLflow experiment's name; None before the flow has made it."""
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
     if not experiments:
         return None
     parents = client.search_runs(
-        experiments, filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{run_key}'", max_results=1
+        list(experiments), filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{run_key}'", max_results=1
     )
     if not parents:
         return None
-    parent = parents[0]
-    metric = parent.data.tags.get("det.searcher.metric", "")
-    smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
-    trials = [_trial_view(client, run, metric, smaller) for run in trial_runs(client, parent)]
-    trials.sort(key=lambda t: int(t.trial_id) if t.trial_id.isdigit() else 0)
-    name = client.get_experiment(parent.info.experiment_id).name
-    return ExperimentView(
-        name, parent.info.experiment_id, parent.info.run_id, metric, smaller, trials
+    return parents[0], experiments.get(parents[0].info.experiment_id, "")
+
+
+def trial_runs_of(client: Any, parent: Any) -> list[Any]:
+    """The trial runs under an experiment's parent run (at most 1,000, as registry.models)."""
+    return list(
+        client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+        )
     )
+
+
+def describe_experiment_run(client: Any, run_key: str) -> ExperimentView | None:
+    """The MLflow side of the experiment run ``run_key`` (the Prefect flow-run id): three
+    requests, and one per trial (those side by side)."""
+    found = find_parent(client, run_key)
+    if found is None:
+        return None
+    parent, name = found
+    metric, smaller = searcher_of(parent)
+    runs = trial_runs_of(client, parent)
+    trials = side_by_side(lambda run: trial_view(client, run, metric, smaller), runs)
+    trials.sort(key=lambda t: trial_order(t.trial_id))
+    return ExperimentView(
+        name, parent.info.experiment_id, parent.info.run_id, metric, smaller, trials, parent
+    )
+
+
+def side_by_side(function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[function(i) for i in items]``, up to ``PARALLEL_READS`` at once (each waits on
+    one request to a server)."""
+    if len(items) < 2:
+        return [function(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(PARALLEL_READS, len(items))) as pool:
+        return list(pool.map(function, items))
 
 
 def resolve_trial_checkpoint(
@@ -163,6 +243,10 @@ def resolve_trial_checkpoint(
     """The best (``latest``: the most recent, as a warm start from ``source_trial_id``
     uses) checkpoint URI of a trial, named by its MLflow run id or by a trial number that
     exactly one trial run carries; with ``checkpoint_uuid``, that checkpoint's URI."""
+    from registry.checkpoints import resolve_checkpoint_uuid
+    from registry.settings import RegistrySettings
+    from registry.tracking import client_for
+
     if checkpoint_uuid is not None:
         return resolve_checkpoint_uuid(checkpoint_uuid)
     settings = RegistrySettings.from_env()
@@ -189,16 +273,14 @@ def resolve_trial_checkpoint(
                 "(`det-tasks experiment describe ID` lists them)"
             )
         run = runs[0]
-    parent_id = run.data.tags.get("mlflow.parentRunId")
-    tags = client.get_run(parent_id).data.tags if parent_id else {}
-    metric = tags.get("det.searcher.metric", "")
-    smaller = tags.get("det.searcher.smaller_is_better", "True") == "True"
+    parent_id = run.data.tags.get(PARENT_TAG)
+    metric, smaller = searcher_of(client.get_run(parent_id)) if parent_id else ("", True)
     if latest:
-        records = checkpoint_records(client, run.info.run_id)
+        records = checkpoint_records_of(run)
         if not records:
             raise DetTasksError(f"trial {text!r} (run {run.info.run_id}) has no checkpoint yet")
         return str(records[-1]["uri"])
-    view = _trial_view(client, run, metric, smaller)
+    view = trial_view(client, run, metric, smaller)
     if view.checkpoint is None:
         raise DetTasksError(f"trial {text!r} (run {run.info.run_id}) has no checkpoint yet")
     return view.checkpoint

@@ -5,14 +5,12 @@ hyperparameters and the best checkpoint's URI."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from registry.checkpoints import checkpoint_records, rank_by_metric
 from registry.tracking import TRIAL_TAG
 
 __all__ = ["BEST_TAG", "BestTrial", "best_trial", "log_best_trial"]
@@ -35,27 +33,29 @@ def best_trial(
     client: MlflowClient, trials: list[Any], metric: str, smaller_is_better: bool
 ) -> BestTrial | None:
     """The trial whose validation ``metric`` was best at any validation (ties: the earlier
-    step, then the lower trial id), with the best checkpoint across all trials."""
+    step, then the lower trial id) and its best checkpoint, read as ``det experiment
+    describe`` and the trials table read them (registry.experiment_view.trial_progress)."""
+    from registry.experiment_view import read_trial_progress, trial_order
+
     sign = 1.0 if smaller_is_better else -1.0
-    scored: list[tuple[float, int, str, Any]] = []
+    scored = []
     for run in trials:
-        for m in client.get_metric_history(run.info.run_id, f"validation/{metric}"):
-            if math.isfinite(m.value):
-                scored.append((sign * m.value, m.step, run.data.tags.get(TRIAL_TAG, ""), run))
+        progress = read_trial_progress(client, run, metric, smaller_is_better)
+        if progress.best is not None:
+            trial_id = run.data.tags.get(TRIAL_TAG, "")
+            key = (sign * progress.best, progress.best_step or 0, trial_order(trial_id))
+            scored.append((key, trial_id, run, progress, progress.best))
     if not scored:
         return None
-    scored.sort(key=lambda s: (s[0], s[1], _trial_order(s[2])))
-    key, step, trial_id, run = scored[0]
-    records = [r for t in trials for r in checkpoint_records(client, t.info.run_id)]
-    ranked = rank_by_metric(records, metric, smaller_is_better)
+    _, trial_id, run, progress, value = min(scored, key=lambda s: s[0])
     return BestTrial(
         run_id=run.info.run_id,
         trial_id=trial_id,
         metric=metric,
-        value=sign * key,
-        step=step,
+        value=float(value),
+        step=int(progress.best_step or 0),
         hparams={k[3:]: v for k, v in run.data.params.items() if k.startswith("hp.")},
-        checkpoint_uri=str(ranked[0]["uri"]) if ranked else None,
+        checkpoint_uri=progress.checkpoint,
     )
 
 

@@ -161,6 +161,9 @@ class TrialController:
                 if self.context._stop_requested or (
                     self.preemption is not None and self.preemption.is_set()
                 ):
+                    # Reported now: a kill takes no checkpoint (whose step would report it),
+                    # so MLflow's progress/batches would stay at the last scheduling unit.
+                    self._report_training()
                     break
 
     def validate_now(self) -> dict[str, Any] | None:

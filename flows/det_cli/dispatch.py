@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from det_tasks.errors import DetTasksError
-from flows.console import exit_without_final_collection
 from flows.det_cli import experiment_verbs, registry_verbs, trial_verbs
 from flows.det_cli.master import use_master
 from flows.det_cli.unsupported import EXIT_UNSUPPORTED, Unsupported, add_unsupported
@@ -115,4 +114,7 @@ def command() -> NoReturn:
     """The ``det`` executable: ``main`` with the command line, then exit without the
     interpreter's last garbage collections (0.25 s of every command's exit, with Prefect
     loaded). No user code runs in this process, so nothing waits on a collection."""
-    exit_without_final_collection(main())
+    code = main()
+    from flows.console import exit_without_final_collection
+
+    exit_without_final_collection(code)

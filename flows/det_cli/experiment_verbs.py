@@ -67,7 +67,7 @@ def register(sub: Any) -> None:
     p = verbs.add_parser("list-trials", aliases=["lt"], help="an experiment's trials")
     _id(p)
     p.set_defaults(func=cmd_list_trials)
-    p = verbs.add_parser("list-checkpoints", aliases=["lc"], help="its checkpoints, best first")
+    p = verbs.add_parser("list-checkpoints", aliases=["lc"], help="its checkpoints, in batch order")
     _id(p)
     p.add_argument("--best", type=int, metavar="N", help="only the best N validated ones")
     p.set_defaults(func=cmd_list_checkpoints)
@@ -180,10 +180,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _view(run: Any) -> Any:
-    from registry.cli import _client
+    from registry.cli import _reader
     from registry.experiment_view import describe_experiment_run
 
-    view = describe_experiment_run(_client(), str(run.id))
+    view = describe_experiment_run(_reader(), str(run.id))
     if view is None:
         raise DetTasksError(
             f"experiment {short_id(run.id)} has no MLflow runs yet (its flow run is "
@@ -193,30 +193,20 @@ def _view(run: Any) -> Any:
 
 
 def cmd_list_trials(args: argparse.Namespace) -> int:
-    from registry.cli import _table
+    from flows.submit import print_trials
 
     run = experiment_run(args.id)
-    view = _view(run)
-    rows = [
-        [
-            f"{short_id(run.id)}/{t.trial_id}",
-            t.state,
-            t.batches,
-            "" if t.metric is None else f"{t.metric:.6g}",
-            t.run_id,
-        ]
-        for t in view.trials
-    ]
-    _table(rows, ["trial", "state", "batches", view.metric or "metric", "mlflow run"])
+    print_trials(_view(run), label=lambda trial_id: f"{short_id(run.id)}/{trial_id}")
     return 0
 
 
 def cmd_list_checkpoints(args: argparse.Namespace) -> int:
-    from registry.cli import _client, experiment_parent, print_checkpoints
+    from registry.cli import _reader, experiment_parent, print_checkpoints
 
     run = experiment_run(args.id)
-    client = _client()
-    print_checkpoints(client, experiment_parent(client, str(run.id)), best=args.best)
+    client = _reader()
+    parent = experiment_parent(client, str(run.id))
+    print_checkpoints(client, parent, best=args.best, batch_order=True)
     return 0
 
 
@@ -230,31 +220,25 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     from flows import lifecycle
 
     run = experiment_run(args.id)
-    verb = getattr(lifecycle, args.lifecycle)
-    try:
-        message = verb(str(run.id))
-    except NotImplementedError:
-        raise DetTasksError(
-            f"`det experiment {args.lifecycle}` is not available in this build yet "
-            "(flows/lifecycle.py); stop a run from the Prefect UI meanwhile"
-        ) from None
-    print(message)
+    print(getattr(lifecycle, args.lifecycle)(str(run.id)))
     return 0
 
 
 def _state(run: Any) -> str:
-    return run.state.type.value if run.state else "PENDING"
+    """The experiment's state in Determined's words (ACTIVE, PAUSED, CANCELED...)."""
+    from flows.submit import experiment_state
+
+    return experiment_state(run)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Poll until the flow run ends (Determined's ``wait``): 0 when COMPLETED, 1 otherwise."""
-    from prefect.client.orchestration import get_client
+    from flows.prefect_rest import read_flow_run
 
     run = experiment_run(args.id)
-    with get_client(sync_client=True) as client:
-        while _state(run) not in FINAL_STATES:
-            time.sleep(max(args.polling_interval, 0.1))
-            run = client.read_flow_run(run.id)
+    while run.state not in FINAL_STATES:
+        time.sleep(max(args.polling_interval, 0.1))
+        run = read_flow_run(run.id)
     state = _state(run)
     print(f"Experiment {short_id(run.id)} terminated with state {state}")
     return 0 if state == "COMPLETED" else 1
@@ -332,7 +316,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     run = experiment_run(args.id)
     shown = short_id(run.id)
-    if _state(run) not in FINAL_STATES:
+    if run.state not in FINAL_STATES:
         raise DetTasksError(
             f"experiment {shown} is {_state(run)}; stop it first (`det experiment kill {shown}`)"
         )

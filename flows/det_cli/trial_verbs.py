@@ -49,11 +49,11 @@ class ResolvedTrial:
 
 
 def resolve_trial(text: str) -> ResolvedTrial:
-    from registry.cli import _client, experiment_key_of_trial_run
+    from registry.cli import _reader, experiment_key_of_trial_run
     from registry.experiment_view import describe_experiment_run
 
     ref = parse_trial_ref(text)
-    client = _client()
+    client = _reader()
     if ref.mlflow_run_id is not None:
         key = experiment_key_of_trial_run(client, ref.mlflow_run_id)
         flow_run = experiment_run(key)
@@ -72,16 +72,19 @@ def resolve_trial(text: str) -> ResolvedTrial:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from registry.cli import _client, trial_hparams
+    from registry.cli import _reader, trial_hparams
 
     resolved = resolve_trial(args.trial)
     t, view = resolved.trial, resolved.view
-    metric = "" if t.metric is None else f"{t.metric:.6g} at batch {t.best_step}"
+    metric = view.metric or "metric"
+    best = "" if t.metric is None else f"{t.metric:.6g} at batch {t.best_step}"
+    latest = "" if t.latest is None else f"{t.latest:.6g} at batch {t.progress.latest_step}"
     print(f"trial {resolved.label}: {t.state}, {t.batches} batches")
     print(f"  MLflow run {t.run_id} in experiment {view.name!r}")
-    print(f"  best {view.metric or 'metric'}: {metric or 'none yet'}")
+    print(f"  best {metric}: {best or 'none yet'}")
+    print(f"  latest {metric}: {latest or 'none yet'}")
     print(f"  best checkpoint: {t.checkpoint or 'none yet'}")
-    for name, value in sorted(trial_hparams(_client(), t.run_id).items()):
+    for name, value in sorted(trial_hparams(_reader(), t.run_id).items()):
         print(f"  hparam {name} = {value}")
     return 0
 
@@ -109,12 +112,6 @@ def cmd_kill(args: argparse.Namespace) -> int:
             f"killing one of experiment {shown}'s {len(resolved.view.trials)} trials is not "
             f"supported here: `det experiment kill {shown}` stops all of them"
         )
-    try:
-        message = lifecycle.kill(str(resolved.flow_run.id))
-    except NotImplementedError:
-        raise DetTasksError(
-            "`det trial kill` is not available in this build yet (flows/lifecycle.py); stop "
-            "the run from the Prefect UI meanwhile"
-        ) from None
+    message = lifecycle.kill(str(resolved.flow_run.id))
     print(f"trial {resolved.label} is experiment {shown}'s only trial: {message}")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -318,17 +319,59 @@ def _until(predicate, timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
+def _numbers_agree(det_bin: str, short: str, client, run_id: str, state: str) -> int:
+    """`det experiment describe`, the flow run's trials table (its one artifact, as last
+    published) and MLflow say the same of trial 1: its state, the batches it trained and
+    its best validation_loss and the batch of it. Returns the batches."""
+    from flows.det_cli.ids import experiment_run
+    from flows.trial_table import significant
+    from tests.integration.prefect_artifacts import trials_table_and_progress
+
+    run = client.get_run(run_id)
+    history = client.get_metric_history(run_id, "validation/validation_loss")
+    best_step, best = min(((m.step, m.value) for m in history), key=lambda p: (p[1], p[0]))
+    batches = int(run.data.metrics["progress/batches"])
+    assert run.data.tags["det.state"] == state
+    described = subprocess.run(
+        [det_bin, "experiment", "describe", short], capture_output=True, text=True, timeout=60
+    )
+    assert described.returncode == 0, described.stderr
+    row = next(line.split() for line in described.stdout.splitlines() if line.startswith("1 "))
+    assert row[:5] == ["1", state, str(batches), f"{best:.6g}", str(best_step)], described.stdout
+    (table_row,), _ = trials_table_and_progress(experiment_run(short).id)
+    shown = [table_row[k] for k in ("state", "batches", "best validation_loss", "best at batch")]
+    assert shown == [state, batches, significant(best), best_step], table_row
+    return batches
+
+
+def _task_runs(flow_run_id) -> dict[str, object]:
+    """The flow run's task runs by name (the newest of a name)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as prefect:
+        tasks = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {t.name: t for t in sorted(tasks, key=lambda t: t.created)}
+
+
 def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path, monkeypatch):
     """det experiment pause stops the trial at a batch boundary with a checkpoint there and
     frees its worker; with every worker replaced meanwhile, activate continues the same
-    MLflow run from that checkpoint to the end;
+    MLflow run from that checkpoint to the end, in a train task named from where it starts;
     Prefect's cancel (what the UI's Cancel button does) stops a second experiment's training
-    on its worker within seconds, its runs KILLED with det.state CANCELED."""
+    on its worker within seconds, its runs KILLED with det.state CANCELED; det experiment
+    kill ends a third one's flow run Cancelled with one line and no traceback, its train
+    task Cancelled. After each, describe, the trials table and MLflow give the same state,
+    batches and best."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.states import Cancelling
 
     from det_tasks.pytorch import load_trial_from_checkpoint_path
     from flows.det_cli import main as det
+    from flows.det_cli.ids import experiment_run
     from registry.checkpoints import checkpoint_records
 
     workdir = tmp_path / "xor"
@@ -337,7 +380,8 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     det_bin = str(Path(sys.executable).with_name("det"))
     slow = ["--config", "hyperparameters.sleep_s=0.1",
-            "--config", "searcher.max_length={batches: 300}"]  # fmt: skip
+            "--config", "searcher.max_length={batches: 300}",
+            "--config", "min_validation_period={batches: 20}"]  # fmt: skip
 
     def create(name: str) -> str:
         created = subprocess.run(
@@ -362,6 +406,8 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     assert client.get_run(run_id).data.tags["det.state"] == "PAUSED"
     assert checkpoint_records(client, run_id)[-1]["steps_completed"] == stopped_at
     assert 0 < stopped_at < 300
+    _until(lambda: experiment_run(exp_id).state == "PAUSED", 60, "flow run suspended")
+    assert _numbers_agree(det_bin, exp_id, client, run_id, "PAUSED") == stopped_at
     time.sleep(3)
     assert batches(run_id) == stopped_at  # the worker no longer trains it
     assert det(["experiment", "pause", exp_id]) == 1  # pausing twice: one line, no change
@@ -380,6 +426,12 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     assert det(["experiment", "wait", exp_id, "--polling-interval", "1"]) == 0
     finished = client.get_run(run_id)
     assert finished.info.status == "FINISHED" and batches(run_id) == 300
+    assert _numbers_agree(det_bin, exp_id, client, run_id, "COMPLETED") == 300
+    tasks = _task_runs(experiment_run(exp_id).id)
+    paused_task = tasks["train trial-1 0-300"]  # stopped by the pause: not Completed
+    assert paused_task.state.type.value == "CANCELLED", paused_task.state
+    assert f"paused at batch {stopped_at}" in (paused_task.state.message or "")
+    assert tasks[f"train trial-1 {stopped_at}-300"].state.type.value == "COMPLETED", sorted(tasks)
     assert checkpoint_records(client, run_id)[-1]["steps_completed"] == 300
     history = client.get_metric_history(run_id, "progress/batches")
     resumed = [p.step for p in history if p.step <= stopped_at]
@@ -393,6 +445,7 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     reference = subprocess.run(
         [str(Path(sys.executable).with_name("det-tasks")), "run", "killable.yaml", ".",
          "-p", "hyperparameters.sleep_s=0", "-p", "searcher.max_length={batches: 300}",
+         "-p", "min_validation_period={batches: 20}",
          "--checkpoint-dir", str(reference_dir), "--no-progress"],
         env=env_without_platform(DET_TASKS_HOME=str(tmp_path / "home")),
         capture_output=True, text=True, timeout=300,
@@ -407,9 +460,9 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     # Prefect's cancel: training stops on the worker within seconds, runs end KILLED.
     cancelled_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
     cancel_id = create(cancelled_name)
+    killed_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
+    kill_id = create(killed_name)  # trains beside it, on the other worker
     trial = _trial_run(client, cancelled_name)
-    from flows.det_cli.ids import experiment_run
-
     flow_run = experiment_run(cancel_id)
     with get_client(sync_client=True) as prefect:
         prefect.set_flow_run_state(flow_run.id, Cancelling(), force=True)
@@ -423,4 +476,27 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     ended = client.search_runs([experiment.experiment_id])
     assert {r.info.status for r in ended} == {"KILLED"}
     assert {r.data.tags.get("det.state") for r in ended} == {"CANCELED"}
+
+    # det experiment kill: no checkpoint; the flow run ends Cancelled, saying so in one line.
+    killed = _trial_run(client, killed_name)
+    assert det(["experiment", "kill", kill_id]) == 0
+    _until(lambda: experiment_run(kill_id).state == "CANCELLED", 60, "kill")
+    at = _numbers_agree(det_bin, kill_id, client, killed.info.run_id, "CANCELED")
+    kill_run = experiment_run(kill_id)
+    task = _task_runs(kill_run.id)["train trial-1 0-300"]
+    assert task.state.type.value == "CANCELLED", task.state
+    killed_at = re.search(r"killed \(no checkpoint\) at batch (\d+)", task.state.message or "")
+    # The harness reports training at scheduling-unit ends, at a checkpoint or validation,
+    # not when a kill breaks its loop: MLflow's last progress/batches can be a few batches
+    # short of where the trial stopped.
+    assert killed_at is not None and int(killed_at.group(1)) >= at, task.state
+    with get_client(sync_client=True) as prefect:
+        logs = [
+            log.message
+            for log in prefect.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[kill_run.id]))
+            )
+        ]
+    assert not any("Traceback" in m or "unexpected exception" in m for m in logs), logs[-5:]
+    assert sum("killed (no checkpoint)" in m for m in logs) >= 1, logs[-5:]
     assert det(["experiment", "list"]) == 0  # sweeps orphans first: none here

@@ -1,8 +1,11 @@
-"""The trials table's "best" is the trial's best validation (not the last one), under
-either ordering; the table is created once and then updated in place, with a progress
-artifact beside it; rows are best first, one column per hyperparameter, 4 significant
-digits. Prefect's artifact calls are replaced by recorders here (the real server is in
-tests/integration/test_user_view.py); MLflow by a fake client."""
+"""One reading of a trial's numbers (registry.experiment_view.trial_progress): batches
+trained from progress/batches, the best validation (not the last) under either ordering,
+the latest one, the best checkpoint. The trials table shows that reading for every row,
+read again as trials change, run and end (kept after a pause or a kill), is created once
+and then updated in place, with a progress artifact beside it; rows are best first, one
+column per hyperparameter, 4 significant digits; the best row goes to the parent run's
+det.best.* tags. Prefect's artifact calls are replaced by recorders here (the real server
+is in tests/integration/test_user_view.py); MLflow by a fake client."""
 
 from __future__ import annotations
 
@@ -16,7 +19,12 @@ import pytest
 
 from flows import trial_table
 from flows.trial_table import TrialTable, significant
-from registry.experiment_view import TrialBest, best_point, trial_best
+from registry.experiment_view import (
+    TrialProgress,
+    best_point,
+    read_trial_progress,
+    trial_progress,
+)
 
 # The issue's const run: validation_error rises after its best (batch 132).
 CONST_HISTORY = [(44, 0.0606), (88, 0.0485), (132, 0.0208), (176, 0.0225)]
@@ -35,43 +43,106 @@ def test_best_point_ties_go_to_the_earlier_step_and_nan_is_never_best():
     assert best_point([], False) is None
 
 
+def record(step: int, value: float | None = None) -> dict[str, Any]:
+    metrics = {} if value is None else {"validation_error": value}
+    return {"steps_completed": step, "uri": f"s3://b/ckpt-{step}", "validation_metrics": metrics}
+
+
+def run(
+    run_id: str = "run",
+    records: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    batches: float | None = None,
+    trial: str = "1",
+    status: str = "RUNNING",
+    state: str | None = None,
+    params: dict[str, str] | None = None,
+) -> Any:
+    """A trial run as MLflow's client (or registry.mlflow_rest) returns it."""
+    tags = {f"det.checkpoint.{r['steps_completed']}": json.dumps(r) for r in records}
+    tags["det.trial_id"] = trial
+    if state:
+        tags["det.state"] = state
+    metrics = {} if batches is None else {"progress/batches": batches}
+    return types.SimpleNamespace(
+        info=types.SimpleNamespace(run_id=run_id, status=status, experiment_id="1"),
+        data=types.SimpleNamespace(tags=tags, metrics=metrics, params=params or {}),
+    )
+
+
+def points(history: list[tuple[int, float]]) -> list[Any]:
+    return [types.SimpleNamespace(step=s, value=v, timestamp=1000 + i) for i, (s, v) in
+            enumerate(history)]  # fmt: skip
+
+
 class FakeMlflow:
-    """get_metric_history and get_run, as trial_best reads them."""
+    """The MlflowClient calls the views and the table make, over runs held here."""
 
-    def __init__(self, history: list[tuple[int, float]], records: list[dict[str, Any]]):
-        self.history = history
-        self.records = records
+    def __init__(self) -> None:
+        self.runs: dict[str, Any] = {}
+        self.histories: dict[str, list[tuple[int, float]]] = {}
+        self.reads: list[str] = []
+        self.tags: dict[str, dict[str, str]] = {}
 
-    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
-        assert key == "validation/validation_error"
-        return [types.SimpleNamespace(step=s, value=v) for s, v in self.history]
+    def put(self, trial_run: Any, history: list[tuple[int, float]]) -> None:
+        self.runs[trial_run.info.run_id] = trial_run
+        self.histories[trial_run.info.run_id] = history
 
     def get_run(self, run_id: str) -> Any:
-        tags = {f"det.checkpoint.{i}": json.dumps(r) for i, r in enumerate(self.records)}
-        return types.SimpleNamespace(data=types.SimpleNamespace(tags=tags))
+        self.reads.append(run_id)
+        if run_id == "parent":
+            return types.SimpleNamespace(
+                info=types.SimpleNamespace(run_id="parent", experiment_id="1"),
+                data=types.SimpleNamespace(tags={}, metrics={}, params={}),
+            )
+        return self.runs[run_id]
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        assert key in ("validation/validation_error", "validation/loss")
+        return points(self.histories[run_id])
+
+    def search_runs(self, experiment_ids: list[str], filter_string: str = "") -> list[Any]:
+        assert filter_string == "tags.`mlflow.parentRunId` = 'parent'"
+        return list(self.runs.values())
+
+    def log_batch(self, run_id: str, tags: list[Any]) -> None:
+        self.tags.setdefault(run_id, {}).update({t.key: t.value for t in tags})
 
 
-def record(step: int, value: float) -> dict[str, Any]:
-    return {
-        "steps_completed": step,
-        "uri": f"s3://b/ckpt-{step}",
-        "validation_metrics": {"validation_error": value},
-    }
-
-
-def test_trial_best_reads_the_whole_history_and_ranks_checkpoints_the_same_way():
+def test_trial_progress_is_the_best_validation_and_progress_batches():
     # checkpoint_policy best: checkpoints at each new best (44, 88, 132) and the last (176).
-    client = FakeMlflow(CONST_HISTORY, [record(s, v) for s, v in CONST_HISTORY])
-    best = trial_best(client, "run", "validation_error", smaller_is_better=True)  # type: ignore[arg-type]
-    assert best == TrialBest(0.0208, 132, "s3://b/ckpt-132")
-    larger = trial_best(client, "run", "validation_error", smaller_is_better=False)  # type: ignore[arg-type]
-    assert larger == TrialBest(0.0606, 44, "s3://b/ckpt-44")
+    trial = run(records=[record(s, v) for s, v in CONST_HISTORY], batches=176.0)
+    best = trial_progress(trial, points(CONST_HISTORY), "validation_error", True)
+    assert best == TrialProgress(176, 0.0208, 132, 0.0225, 176, "s3://b/ckpt-132")
+    larger = trial_progress(trial, points(CONST_HISTORY), "validation_error", False)
+    assert larger == TrialProgress(176, 0.0606, 44, 0.0225, 176, "s3://b/ckpt-44")
 
 
-def test_trial_best_without_history_falls_back_to_the_checkpoint_records():
-    client = FakeMlflow([], [record(50, 0.4), record(100, 0.2)])
-    best = trial_best(client, "run", "validation_error", smaller_is_better=True)  # type: ignore[arg-type]
-    assert best == TrialBest(0.2, 100, "s3://b/ckpt-100")
+def test_a_killed_trial_counts_the_batches_it_trained_past_its_last_checkpoint():
+    """The issue's killed trial: 14 validations (best 0.0173 at 528), checkpoints up to
+    1390, progress/batches 1650: batches is 1650, not the newest checkpoint's step."""
+    history = [(44 * i, 0.05 - 0.001 * i) for i in range(1, 13)] + [(528, 0.0173), (1628, 0.02)]
+    history.sort()
+    trial = run(records=[record(s) for s in (132, 88, 44, 1390)], batches=1650.0, state="CANCELED")
+    got = trial_progress(trial, points(history), "validation_error", True)
+    assert (got.batches, got.best, got.best_step) == (1650, 0.0173, 528)
+    assert (got.latest, got.latest_step) == (0.02, 1628)
+    assert got.checkpoint == "s3://b/ckpt-1390"  # none validated: the newest
+
+
+def test_trial_progress_without_history_falls_back_to_the_checkpoint_records():
+    trial = run(records=[record(50, 0.4), record(100, 0.2)])  # imported: no metrics at all
+    got = trial_progress(trial, [], "validation_error", True)
+    assert got == TrialProgress(100, 0.2, 100, None, None, "s3://b/ckpt-100")
+
+
+def test_read_trial_progress_reads_the_run_and_its_history():
+    client = FakeMlflow()
+    client.put(run(records=[record(132, 0.0208)], batches=150.0), CONST_HISTORY[:3])
+    got = read_trial_progress(client, "run", "validation_error", True)
+    assert got == TrialProgress(150, 0.0208, 132, 0.0208, 132, "s3://b/ckpt-132")
+
+
+NOTHING = TrialProgress(0, None, None, None, None, None)
 
 
 class Artifacts:
@@ -109,12 +180,13 @@ class Artifacts:
         return self.table_updates[-1][1] if self.table_updates else self.tables[-1][1]
 
 
-def const_table(**kwargs: Any) -> TrialTable:
+def const_table(client: FakeMlflow, **kwargs: Any) -> TrialTable:
     table = TrialTable(
         "mnist const",
         "validation_error",
         True,
         lambda run_id: f"http://mlflow/#/runs/{run_id}",
+        client=client,
         **kwargs,
     )
     table.add(1, {"learning_rate": 1.0, "n_filters1": 32, "opt": {"beta": 0.123456}}, "r1")
@@ -123,21 +195,19 @@ def const_table(**kwargs: Any) -> TrialTable:
 
 def test_a_finished_trial_row_shows_its_best_validation_not_its_last(monkeypatch):
     artifacts = Artifacts(monkeypatch)
-    looked_up: list[str] = []
-
-    def best_of(run_id: str) -> TrialBest:
-        looked_up.append(run_id)
-        return TrialBest(0.0208, 132, "s3://b/ckpt-132")
-
-    table = const_table(best_of=best_of, total_trials=1)
+    client = FakeMlflow()
+    client.put(run("r1", [record(176, 0.0225), record(132, 0.0208)], 176.0), CONST_HISTORY)
+    table = const_table(client, total_trials=1)
     table.set_state(1, "RUNNING")
-    table.publish()
-    # One segment, [0, 176): the flow sees only the validation at its end.
+    table.publish_soon()
+    # One segment, [0, 176): the flow sees only the validation at its end; MLflow has all.
     table.segment_done(1, 176, 0.0225, "s3://b/ckpt-176")
     table.set_state(1, "COMPLETED")
-    table.publish()
-    table.publish()
-    assert looked_up == ["r1"]  # once, when the trial's run is complete
+    client.reads.clear()
+    monkeypatch.setattr(trial_table.time, "monotonic", lambda: 1e9)
+    table.publish_soon()
+    table.publish_if_stale()  # nothing changed since: nothing read, nothing sent
+    assert client.reads == ["r1"]  # once for the change
     (row,) = artifacts.latest_table()
     assert row["best validation_error"] == 0.0208 and row["best at batch"] == 132
     assert row["best checkpoint"] == "s3://b/ckpt-132"
@@ -152,27 +222,77 @@ def test_a_finished_trial_row_shows_its_best_validation_not_its_last(monkeypatch
     }
 
 
-def test_live_rows_keep_their_best_segment_under_either_ordering(monkeypatch):
-    Artifacts(monkeypatch)
-    for smaller, best_value, best_step in ((True, 0.3, 12), (False, 0.6, 50)):
-        table = TrialTable("asha", "m", smaller, str, best_of=lambda r: TrialBest(None, None, None))
-        table.add(1, {"lr": 0.1}, "r1")
-        table.segment_done(1, 12, 0.3, "ckpt-12")
-        table.segment_done(1, 50, 0.6, "ckpt-50")  # promoted, then got worse (or better)
-        table.set_state(1, "PAUSED")
-        table.publish()
-        assert table.best() is not None
-        assert (table.best()["metric"], table.best()["step"]) == (best_value, best_step)  # type: ignore[index]
-        assert table.best()["checkpoint"] == f"ckpt-{best_step}"  # type: ignore[index]
+def test_rows_keep_their_numbers_after_a_pause_and_a_kill(monkeypatch):
+    """The issue's user: after pause the row's best was empty and its metric nan; after
+    kill batches 0 and everything empty. Now: what MLflow holds, whatever stopped it."""
+    artifacts = Artifacts(monkeypatch)
+    client = FakeMlflow()
+    history = [(44, 0.05), (88, 0.03), (528, 0.0173), (616, 0.019)]
+    client.put(run("r1", [record(44), record(328)], 328.0), history[:2])
+    table = const_table(client)
+    table.set_state(1, "RUNNING")
+    table.set_state(1, "PAUSED")  # paused at 328: a checkpoint there, no validation
+    table.segment_done(1, 328, math.nan, "s3://b/ckpt-328")
+    table.publish()
+    (row,) = artifacts.latest_table()
+    assert (row["state"], row["batches"], row["best validation_error"]) == ("PAUSED", 328, 0.03)
+    assert (row["best at batch"], row["validation_error"]) == (88, 0.03)
+    # Activated, trained on, killed at 1650 (no checkpoint at the kill).
+    client.put(run("r1", [record(44), record(328), record(1390)], 1650.0), history)
+    table.set_state(1, "RUNNING")
+    table.set_state(1, "CANCELED")
+    table.publish()
+    (row,) = artifacts.latest_table()
+    assert (row["state"], row["batches"], row["best validation_error"]) == (
+        "CANCELED",
+        1650,
+        0.0173,
+    )
+    assert (row["best at batch"], row["validation_error"]) == (528, 0.019)
+    assert row["best checkpoint"] == "s3://b/ckpt-1390"
+
+
+def test_an_activated_experiments_table_starts_with_every_trial_of_its_parent(monkeypatch):
+    """Trials that ended before this flow run (not started again) keep their rows, numbers
+    and states; the best row is on the parent's det.best.* tags."""
+    artifacts = Artifacts(monkeypatch)
+    client = FakeMlflow()
+    client.put(run("r1", [record(40, 0.2)], 40.0, "1", "FINISHED", "COMPLETED",
+                   {"hp.lr": "0.1", "hp.name": "adam"}), [(40, 0.2)])  # fmt: skip
+    client.put(
+        run("r2", [record(20)], 25.0, "2", "KILLED", "PAUSED", {"hp.lr": "0.5"}), [(20, 0.4)]
+    )
+    table = TrialTable("e", "validation_error", True, str, client=client, parent_run_id="parent")
+    table.add(2, {"lr": 0.5}, "r2")  # the paused trial, started again
+    table.set_state(2, "RUNNING")
+    table.publish_soon()
+    rows = artifacts.latest_table()
+    assert [(r["trial"], r["state"], r["batches"]) for r in rows] == [
+        (1, "COMPLETED", 40),
+        (2, "RUNNING", 25),
+    ]
+    assert rows[0]["lr"] == 0.1 and rows[0]["name"] == "adam"
+    best = client.tags["parent"]
+    assert best["det.best.trial_id"] == "1" and best["det.best.step"] == "40"
+    assert best["det.best.validation_error"] == "0.2" and best["det.best.hp.lr"] == "0.1"
+    assert best["det.best.checkpoint"] == "s3://b/ckpt-40" and best["det.best.run_id"] == "r1"
+    client.put(run("r2", [record(20)], 60.0, "2"), [(20, 0.4), (60, 0.1)])
+    monkeypatch.setattr(trial_table.time, "monotonic", lambda: 1e9)
+    table.publish_if_stale()  # a running row is read again every LIVE_REFRESH_S
+    assert artifacts.latest_table()[0]["trial"] == 2
+    assert client.tags["parent"]["det.best.trial_id"] == "2"
+    assert client.tags["parent"]["det.best.step"] == "60"
 
 
 def test_table_is_created_once_then_updated_in_place_with_progress(monkeypatch):
     artifacts = Artifacts(monkeypatch)
-    table = TrialTable("Grid Search!", "loss", False, str, total_trials=4, best_of=None)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for trial_id, acc in ((1, 0.5), (2, 0.912345), (3, 0.7)):
+    client = FakeMlflow()
+    for trial_id, acc in ((1, 0.5), (2, 0.912345), (3, 0.7), (4, math.nan)):
+        client.put(run(f"r{trial_id}", [], 40.0, str(trial_id)), [(40, acc)])
+    table = TrialTable("Grid Search!", "loss", False, str, total_trials=4, client=client)
+    for trial_id in (1, 2, 3):
         table.add(trial_id, {"lr": trial_id / 3, "hidden": 4}, f"r{trial_id}")
-        table.segment_done(trial_id, 40, acc, f"ckpt-{trial_id}")
+        table.segment_done(trial_id, 40, 0.0, f"ckpt-{trial_id}")
         table.set_state(trial_id, "COMPLETED")
         table.publish()
     table.add(4, {"lr": 2.0, "hidden": 8}, "r4")
@@ -195,6 +315,7 @@ def test_table_is_created_once_then_updated_in_place_with_progress(monkeypatch):
     assert rows[0]["best loss"] == 0.9123 and rows[0]["lr"] == 0.6667
     assert rows[0]["hidden"] == 4 and "hparams" not in rows[0]
     assert rows[-1]["best loss"] is None and rows[-1]["state"] == "INVALID_HP"
+    assert rows[-1]["loss"] == "nan"  # its latest validation, as MLflow has it
     assert list(rows[0]) == [
         "trial",
         "state",
@@ -211,7 +332,7 @@ def test_table_is_created_once_then_updated_in_place_with_progress(monkeypatch):
 
 def test_hyperparameters_named_like_a_column_keep_their_own_column(monkeypatch):
     Artifacts(monkeypatch)
-    table = TrialTable("e", "loss", True, str, best_of=None)
+    table = TrialTable("e", "loss", True, str, progress_of=lambda run_id: NOTHING)
     table.add(1, {"state": "on", "nested": {"a": 1}}, "r1")
     (row,) = table.table()
     assert row["state"] == "QUEUED" and row["hp.state"] == "on" and row["nested.a"] == 1
@@ -233,7 +354,7 @@ def test_trial_ends_publish_at_most_every_interval_and_the_last_change_is_sent(m
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     now = [1000.0]
     monkeypatch.setattr(trial_table.time, "monotonic", lambda: now[0])
-    table = TrialTable("big", "loss", True, str, total_trials=400, best_of=None)
+    table = TrialTable("big", "loss", True, str, total_trials=400, progress_of=lambda r: NOTHING)
     for trial_id in range(1, 301):
         table.add(trial_id, {"lr": 0.1}, f"r{trial_id}")
     assert table.publish_interval_s == pytest.approx(3.0)  # 300 trials x 10 ms
@@ -251,4 +372,4 @@ def test_trial_ends_publish_at_most_every_interval_and_the_last_change_is_sent(m
     assert len(artifacts.table_updates) == 1
     states = {r["trial"]: r["state"] for r in artifacts.latest_table()}
     assert [states[t] for t in (1, 2, 3)] == ["COMPLETED"] * 3
-    assert TrialTable("small", "loss", True, str, best_of=None).publish_interval_s == 2.0
+    assert TrialTable("small", "loss", True, str).publish_interval_s == 2.0

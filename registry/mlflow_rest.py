@@ -1,0 +1,236 @@
+"""MLflow's tracking server, read over its REST API with the standard library.
+
+Importing MLflow's client costs a command 1-4 s before its first request; what ``det``'s
+listings read (experiments, runs with their tags and latest metrics, metric histories) is a
+handful of small JSON requests. ``MlflowReader`` answers the read calls of
+``MlflowClient`` they use, with the same names and the fields read from its results, so the
+views (registry.experiment_view) take either. ``reader_for`` gives it for a plain
+``http(s)://`` server whose credentials are a user and password, a token, or none (with
+MLflow's TLS settings), and MLflow's own client for anything else (a database URI, AWS
+SigV4, an auth plugin, Databricks, workspaces).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import ssl
+import urllib.parse
+from typing import Any
+
+from det_tasks.errors import DetTasksError
+from registry.json_http import HttpRefused, Retries, Unreachable, request_json
+
+__all__ = [
+    "Experiment",
+    "Metric",
+    "MlflowReader",
+    "MlflowReaderError",
+    "Run",
+    "RunData",
+    "RunInfo",
+    "reader_for",
+]
+
+TIMEOUT_S = 30.0
+MAX_RESULTS = 1000  # MlflowClient.search_runs' and search_experiments' default page
+HISTORY_PAGE = 25_000
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})  # as MLflow's client retries
+# Settings only MLflow's own client honours: with any of them set, it is used.
+CLIENT_ONLY_SETTINGS = (
+    "MLFLOW_TRACKING_AUTH",
+    "MLFLOW_TRACKING_AWS_SIGV4",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+    "MLFLOW_WORKSPACE",
+    "MLFLOW_ENABLE_WORKSPACES",
+)
+
+
+class MlflowReaderError(DetTasksError):
+    """The MLflow server answered with an error (``error_code``: MLflow's, e.g.
+    RESOURCE_DOES_NOT_EXIST), or could not be reached (``error_code`` None)."""
+
+    def __init__(self, message: str, error_code: str | None = None) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    experiment_id: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    run_name: str
+    experiment_id: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    artifact_uri: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    tags: dict[str, str]
+    metrics: dict[str, float]  # each key's latest value (MLflow's: at its largest step)
+    params: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    info: RunInfo
+    data: RunData
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        info, values = data.get("info") or {}, data.get("data") or {}
+        return cls(
+            RunInfo(
+                run_id=str(info.get("run_id") or info.get("run_uuid")),
+                run_name=str(info.get("run_name") or ""),
+                experiment_id=str(info.get("experiment_id")),
+                status=str(info.get("status") or ""),
+                start_time=_int_or_none(info.get("start_time")),
+                end_time=_int_or_none(info.get("end_time")),
+                artifact_uri=str(info.get("artifact_uri") or ""),
+            ),
+            RunData(
+                tags={t["key"]: str(t.get("value", "")) for t in values.get("tags") or []},
+                metrics={m["key"]: float(m["value"]) for m in values.get("metrics") or []},
+                params={p["key"]: str(p.get("value", "")) for p in values.get("params") or []},
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    key: str
+    value: float  # NaN and infinities come as MLflow's JSON strings: float() reads them
+    step: int
+    timestamp: int
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+class MlflowReader:
+    """The read calls of ``MlflowClient`` that the views use, over REST."""
+
+    def __init__(self, tracking_uri: str, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.host = tracking_uri.rstrip("/")
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        user, password = env.get("MLFLOW_TRACKING_USERNAME"), env.get("MLFLOW_TRACKING_PASSWORD")
+        if user and password:
+            basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {basic}"
+        elif env.get("MLFLOW_TRACKING_TOKEN"):
+            self._headers["Authorization"] = f"Bearer {env['MLFLOW_TRACKING_TOKEN']}"
+        try:  # MLflow's client retries these 7 times, over minutes; a listing, 5 (31 s)
+            count = int(env.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "5"))
+        except ValueError:
+            count = 5
+        self._retries = Retries(max(count, 0), RETRIED_STATUSES, first_s=1.0)
+        self._context: ssl.SSLContext | None = None
+        if self.host.startswith("https://"):
+            self._context = ssl.create_default_context(
+                cafile=env.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or None
+            )
+            if env.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+                self._context.check_hostname = False
+                self._context.verify_mode = ssl.CERT_NONE
+
+    # ---- the MlflowClient calls -----------------------------------------------------
+    def search_experiments(self, max_results: int = MAX_RESULTS) -> list[Experiment]:
+        body = {"max_results": max_results, "view_type": "ACTIVE_ONLY"}
+        found = self._call("POST", "experiments/search", body).get("experiments") or []
+        return [Experiment(str(e["experiment_id"]), str(e["name"])) for e in found]
+
+    def get_experiment(self, experiment_id: str) -> Experiment:
+        found = self._call("GET", "experiments/get", {"experiment_id": experiment_id})
+        e = found["experiment"]
+        return Experiment(str(e["experiment_id"]), str(e["name"]))
+
+    def search_runs(
+        self,
+        experiment_ids: list[str],
+        filter_string: str = "",
+        max_results: int = MAX_RESULTS,
+        order_by: list[str] | None = None,
+    ) -> list[Run]:
+        body: dict[str, Any] = {
+            "experiment_ids": list(experiment_ids),
+            "filter": filter_string,
+            "max_results": max_results,
+            "run_view_type": "ACTIVE_ONLY",
+        }
+        if order_by:
+            body["order_by"] = list(order_by)
+        found = self._call("POST", "runs/search", body).get("runs") or []
+        return [Run.from_json(run) for run in found]
+
+    def get_run(self, run_id: str) -> Run:
+        return Run.from_json(self._call("GET", "runs/get", {"run_id": run_id})["run"])
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Metric]:
+        points: list[Metric] = []
+        token: str | None = None
+        while True:
+            query = {"run_id": run_id, "metric_key": key, "max_results": str(HISTORY_PAGE)}
+            if token:
+                query["page_token"] = token
+            page = self._call("GET", "metrics/get-history", query)
+            points += [
+                Metric(m["key"], float(m["value"]), int(m.get("step", 0)), int(m["timestamp"]))
+                for m in page.get("metrics") or []
+            ]
+            token = page.get("next_page_token")
+            if not token:
+                return points
+
+    # ---- the wire -------------------------------------------------------------------
+    def _call(self, method: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.host}/api/2.0/mlflow/{endpoint}"
+        sent: dict[str, Any] | None = body
+        if method == "GET":
+            url, sent = f"{url}?{urllib.parse.urlencode(body)}", None
+        try:
+            answer = request_json(
+                method, url, sent, self._headers, self._context, self._retries, TIMEOUT_S
+            )
+        except HttpRefused as err:
+            raise _refused(err, endpoint) from None
+        except Unreachable as err:
+            raise MlflowReaderError(
+                f"the MLflow server at {self.host} cannot be reached ({err}); is the stack "
+                "up (make up) and MLFLOW_TRACKING_URI right?"
+            ) from None
+        return dict(answer or {})
+
+
+def _refused(err: HttpRefused, endpoint: str) -> MlflowReaderError:
+    try:
+        answer = json.loads(err.text)
+    except ValueError:
+        answer = {}
+    code = answer.get("error_code") if isinstance(answer, dict) else None
+    message = (answer.get("message") if isinstance(answer, dict) else None) or err.text[:300]
+    if err.status in (401, 403):
+        message += " (check MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN)"
+    return MlflowReaderError(f"MLflow {endpoint}: HTTP {err.status} {message}", code)
+
+
+def reader_for(tracking_uri: str) -> Any:
+    """``MlflowReader`` for a plain HTTP(S) tracking server, else ``MlflowClient``."""
+    plain = tracking_uri.startswith(("http://", "https://"))
+    if plain and not any(os.environ.get(name) for name in CLIENT_ONLY_SETTINGS):
+        return MlflowReader(tracking_uri)
+    from registry.tracking import client_for
+
+    return client_for(tracking_uri)

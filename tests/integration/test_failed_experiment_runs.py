@@ -22,8 +22,9 @@ TWO_TRIALS = {
         "learning_rate": 0.1,
         "hidden": 6,
         # Trial 1 reaches the planted failure at batch 20 in about a second; trial 2 needs
-        # 6 s to, so it is still training when the experiment fails.
-        "sleep_s": {"type": "categorical", "vals": [0.0, 0.3]},
+        # 20 s to (room for trial 1's worker starting late on a loaded host), so it is
+        # still training when the experiment fails.
+        "sleep_s": {"type": "categorical", "vals": [0.0, 1.0]},
     },
     "searcher": {
         "name": "grid",

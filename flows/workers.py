@@ -319,17 +319,43 @@ class HeldTrialPlugin(WorkerPlugin):
         return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
 
 
+# multiprocessing's name for the process a Dask Nanny starts (distributed.nanny).
+_DASK_WORKER_PROCESS = "Dask Worker process (from Nanny)"
+_shielded_pid = 0  # the process that called shield_from_group_signals (the forkserver)
+
+
 def shield_from_group_signals() -> None:
-    """Ignore SIGINT and SIGTERM in this worker process (its children inherit it).
+    """Let SIGINT and SIGTERM pass by this worker process (and the forkserver it forks from)
+    while every process a trial starts keeps its normal reaction to them.
 
     Why: a terminal's Ctrl-C, and the SIGTERM that ``timeout``, ``kill -- -PGID``, systemd
     and Kubernetes send, reach the whole process group, embedded workers included; the flow
     decides how its trials stop (checkpoint first) and tells the workers. Dask's Nanny never
     stops a worker by SIGTERM (it asks, then SIGKILLs), and a worker whose Nanny dies exits
-    by itself, so nothing is left behind. Only the main thread can change a disposition."""
+    by itself. Ignoring the signals (SIG_IGN) was inherited by the trial's own processes: a
+    ``multiprocessing.Pool`` whose ``terminate()`` met a worker still waiting hung for good.
+    So a handler decides per process: the shielded ones carry on; any other process that
+    inherited it (a forked child: pool and DataLoader workers) acts as it would by default.
+    A child that execs gets the default from the kernel. The worker stays in the flow's
+    process group, so a SIGKILL of the group still ends every process. Only the main thread
+    can install a handler."""
+    global _shielded_pid
+    _shielded_pid = os.getpid()
     with contextlib.suppress(ValueError):  # not the main thread: nothing to change
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, _pass_by_workers)
+        signal.signal(signal.SIGTERM, _pass_by_workers)
+
+
+def _pass_by_workers(signum: int, frame: Any) -> None:
+    if (
+        os.getpid() == _shielded_pid
+        or multiprocessing.current_process().name == _DASK_WORKER_PROCESS
+    ):
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt  # Python's own default for SIGINT
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def run_step(request: StepRequest) -> StepResult:

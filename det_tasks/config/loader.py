@@ -175,16 +175,34 @@ def apply_overrides(raw: Any, overrides: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
+        node, parts = out, key.strip().split(".")
+        while True:
+            name, parts = _next_key(node, parts, item)
+            if not parts:
+                break
+            child = node.get(name)
             if not isinstance(child, dict):
                 child = {}
-                node[part] = child
+                node[name] = child
             node = child
-        node[parts[-1]] = parse_yaml_text(value, f"override {item!r}")
+        node[name] = parse_yaml_text(value, f"override {item!r}")
     return out
+
+
+def _next_key(node: dict[str, Any], parts: list[str], item: str) -> tuple[str, list[str]]:
+    """The key of ``node`` that ``parts`` names first, and the parts left after it. A name
+    may hold dots itself (a hyperparameter ``model.hidden``): the longest dotted join of the
+    parts that ``node`` has wins; one that could be read both ways is refused."""
+    for n in range(len(parts), 1, -1):
+        joined = ".".join(parts[:n])
+        if joined in node:
+            if parts[0] in node:
+                raise ConfigError(
+                    f"override {item!r} is ambiguous: the config has both {joined!r} and "
+                    f"{parts[0]!r}; rename one of them"
+                )
+            return joined, parts[n:]
+    return parts[0], parts[1:]
 
 
 def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:

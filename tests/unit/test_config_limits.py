@@ -255,3 +255,21 @@ def test_check_config_refuses_an_unwritable_host_path_where_run_would_use_it(
     assert main(["check-config", str(path), str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "`checkpoint_storage.host_path` = '/proc' cannot hold" in err
+
+
+def test_an_override_names_a_hyperparameter_whose_name_holds_dots():
+    from det_tasks.config import apply_overrides
+
+    raw = base(hyperparameters={"global_batch_size": 1, "model.hidden": 12})
+    out = apply_overrides(raw, ["hyperparameters.model.hidden=16"])
+    assert out["hyperparameters"] == {"global_batch_size": 1, "model.hidden": 16}
+    nested = apply_overrides(base(), ["hyperparameters.opt.lr=0.1"])
+    assert nested["hyperparameters"]["opt"] == {"lr": 0.1}
+
+
+def test_an_override_that_reads_two_ways_is_refused():
+    from det_tasks.config import apply_overrides
+
+    raw = base(hyperparameters={"global_batch_size": 1, "model.hidden": 12, "model": {"x": 1}})
+    with pytest.raises(ConfigError, match=r"is ambiguous: the config has both 'model\.hidden'"):
+        apply_overrides(raw, ["hyperparameters.model.hidden=16"])

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import operator
+import re
 import threading
 import time
 from pathlib import Path
@@ -188,8 +189,7 @@ class MlflowMetricsSink:
         try:
             _validate_metric_name(name)
         except MlflowException as err:
-            log.error("metric %r is not recorded: %s", name, err.message)
-            name = None
+            name = _recordable(name, err.message)
         names[key] = name
         if name is not None and json.dumps(name) == f'"{name}"':
             self._plain_keys.add(name)
@@ -415,3 +415,20 @@ class MlflowMetricsSink:
                 self._backlog.spilled_chunks,
                 self._spill_dir,
             )
+
+
+# Characters MLflow 3.17 takes in a metric name (mlflow.utils.validation's param/metric rule).
+_REFUSED_IN_NAMES = re.compile(r"[^\w.\- :/]")
+
+
+def _recordable(name: str, why: str) -> str | None:
+    """A name MLflow refuses (Determined takes any: ``recall@1``), recorded with each
+    refused character as ``_``, said once; None if even that is refused."""
+    cleaned = _REFUSED_IN_NAMES.sub("_", name)
+    try:
+        _validate_metric_name(cleaned)
+    except MlflowException:
+        log.error("metric %r is not recorded: %s", name, why)
+        return None
+    log.warning("metric %r is recorded as %r: MLflow refuses its name (%s)", name, cleaned, why)
+    return cleaned

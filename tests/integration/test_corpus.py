@@ -497,8 +497,8 @@ def test_flow_gives_the_known_answers_and_det_tasks_runs_metrics(
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="registry.metrics drops metric names MLflow refuses ('@'): "
-    "'validation/recall@1' is not recorded (reported, not yet fixed)",
+    reason="MLflow refuses '@' in metric names: registry.metrics records 'recall@1' as "
+    "'recall_1' (with a warning), so the name the trial reported is not the one in MLflow",
 )
 def test_flow_records_every_metric_name(warm_home: Path, tmp_path: Path) -> None:
     flow, _ = _warm_flow(BY_ID["odd_names"], warm_home, tmp_path / "flow-out")

@@ -169,7 +169,8 @@ def test_what_a_caller_reuses_mlflow_refuses_or_cannot_hold_does_not_cost_other_
     tmp_path: Path,
 ) -> None:
     """The caller's dict is copied when reported; a key MLflow would refuse (the server
-    would refuse its whole batch) and a value no float can hold are left out, alone."""
+    would refuse its whole batch) is recorded with the refused characters as ``_``
+    (Determined takes any name), and a value no float can hold is left out, alone."""
     import numpy as np
 
     client = FlakyClient(failures=0, spill_dir=tmp_path)
@@ -180,9 +181,10 @@ def test_what_a_caller_reuses_mlflow_refuses_or_cannot_hold_does_not_cost_other_
     sink.report_training(2, {"loss": 0.5})
     sink.close()
     assert sorted((k, v, s) for k, v, _, s in client.points) == [
-        ("training/loss", 0.5, 2), ("training/loss", 1.0, 1), ("training/np", 0.5, 1),
+        ("training/bad_key_", 2.0, 1), ("training/loss", 0.5, 2), ("training/loss", 1.0, 1),
+        ("training/np", 0.5, 1),
     ]  # fmt: skip
-    assert sink._thread.is_alive() is False and sink.sent_points == 3
+    assert sink._thread.is_alive() is False and sink.sent_points == 4
 
 
 def test_a_spilled_chunk_that_cannot_be_read_back_is_reported_and_the_rest_still_arrives(

@@ -18,6 +18,10 @@ from typing import Any
 
 from mlflow.entities import RunTag
 
+# The readers live with the run records, which the `det` command reads without MLflow.
+from registry.run_records import PACKED as _PACKED
+from registry.run_records import LargeTagError, load_large_tag, load_large_tags
+
 __all__ = [
     "MAX_CHUNKS",
     "TAG_LIMIT",
@@ -30,25 +34,10 @@ __all__ = [
 
 TAG_LIMIT = 7_900  # MLflow 3's MAX_TAG_VAL_LENGTH is 8,000
 MAX_CHUNKS = 99  # with the marker tag, the 100 tags MLflow writes in one batch
-_PACKED = "zlib-chunks:"  # the named tag's value when the text is split: the count follows
-
-
-class LargeTagError(ValueError):
-    """The text does not fit in one batch of tags even compressed, or its tags are broken."""
 
 
 def _chunk_name(name: str, index: int) -> str:
     return f"{name}.{index}"
-
-
-def _chunk_names(name: str, value: str | None) -> list[str]:
-    """The chunk tags a value of the named tag refers to (none for plain text)."""
-    if value is None or not value.startswith(_PACKED):
-        return []
-    count_text = value[len(_PACKED) :]
-    if not count_text.isdigit():
-        raise LargeTagError(f"tag {name} is {value!r}: no chunk count after {_PACKED!r}")
-    return [_chunk_name(name, i) for i in range(1, int(count_text) + 1)]
 
 
 def large_tag(name: str, text: str, fix: str = "shorten it") -> dict[str, str]:
@@ -74,33 +63,3 @@ def save_large_tag(client: Any, run_id: str, name: str, text: str, fix: str = "s
     ``log_batch``. Chunks of a longer earlier value stay behind, unread."""
     tags = [RunTag(k, v) for k, v in large_tag(name, text, fix).items()]
     client.log_batch(run_id, tags=tags)
-
-
-def load_large_tag(tags: dict[str, str], name: str) -> str | None:
-    """The text saved under ``name`` in a run's ``tags`` (None when there is none)."""
-    value = tags.get(name)
-    chunks = _chunk_names(name, value)
-    if not chunks:
-        return value
-    missing = [chunk for chunk in chunks if chunk not in tags]
-    if missing:
-        raise LargeTagError(f"tag {name} is split over {len(chunks)} tags; {missing} are missing")
-    packed = "".join(tags[chunk] for chunk in chunks)
-    try:
-        return zlib.decompress(base64.b64decode(packed, validate=True)).decode()
-    except (ValueError, zlib.error) as err:
-        raise LargeTagError(f"tag {name}'s {len(chunks)} chunks do not decompress: {err}") from None
-
-
-def load_large_tags(tags: dict[str, str], prefix: str) -> dict[str, str]:
-    """Every large tag whose name starts with ``prefix`` (``det.checkpoint.`` records),
-    by name. Such names must not end in ``.<digits>``: those are chunks, skipped here, even
-    those left behind when the named tag was deleted (deleting it deletes the value)."""
-    found = {}
-    for key in tags:
-        stem, _, index = key.rpartition(".")
-        if key.startswith(prefix) and not (index.isdigit() and stem.startswith(prefix)):
-            text = load_large_tag(tags, key)
-            if text is not None:
-                found[key] = text
-    return found

@@ -185,11 +185,12 @@ class MlflowMetricsSink:
             names = self._names[group] = {}
         if key in names:
             return names[key]
-        name: str | None = f"{group}/{key}"
+        full = f"{group}/{key}"
+        name: str | None = full
         try:
-            _validate_metric_name(name)
+            _validate_metric_name(full)
         except MlflowException as err:
-            name = _recordable(name, err.message)
+            name = _recordable(full, err.message)
         names[key] = name
         if name is not None and json.dumps(name) == f'"{name}"':
             self._plain_keys.add(name)

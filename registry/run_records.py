@@ -23,6 +23,7 @@ __all__ = [
     "FLOW_PROCESS_TAG",
     "HEARTBEAT_TAG",
     "ORPHAN_AFTER_S",
+    "PACKED",
     "LargeTagError",
     "PARENT_TAG",
     "STATE_TAG",
@@ -43,21 +44,22 @@ PARENT_TAG = "mlflow.parentRunId"  # registry.tracking
 CHECKPOINT_TAG = "det.checkpoint."  # registry.checkpoints
 FLOW_PROCESS_TAG = "det.flow_process"  # registry.run_states
 ORPHAN_AFTER_S = 60.0  # registry.run_states
-_PACKED = "zlib-chunks:"  # registry.large_tags
+PACKED = "zlib-chunks:"  # a large tag's value when its text is split: the count follows
 
 
 class LargeTagError(ValueError):
-    """A large tag's chunks are missing or broken (registry.large_tags raises its own)."""
+    """A large tag does not fit one batch of tags even compressed (registry.large_tags),
+    or its chunks are missing or broken."""
 
 
 def load_large_tag(tags: dict[str, str], name: str) -> str | None:
     """The text saved under ``name`` (registry.large_tags: plain, or compressed chunks)."""
     value = tags.get(name)
-    if value is None or not value.startswith(_PACKED):
+    if value is None or not value.startswith(PACKED):
         return value
-    count = value[len(_PACKED) :]
+    count = value[len(PACKED) :]
     if not count.isdigit():
-        raise LargeTagError(f"tag {name} is {value!r}: no chunk count after {_PACKED!r}")
+        raise LargeTagError(f"tag {name} is {value!r}: no chunk count after {PACKED!r}")
     chunks = [f"{name}.{i}" for i in range(1, int(count) + 1)]
     missing = [chunk for chunk in chunks if chunk not in tags]
     if missing:

@@ -263,8 +263,11 @@ def _run_experiment(
         except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
             _end_abruptly(client, runs, run_key, table, err)
             raise
-        released = release_everywhere(client, run_key, stop.state)
+        # The trials' own releases first (a STOPPED trial's run ends FINISHED STOPPED): the
+        # sweep after them ends whatever is still held, as COMPLETED or the stop's state,
+        # and it overtook a release still queued (a trial ASHA stopped ended COMPLETED).
         trials.wait_releases()
+        released = release_everywhere(client, run_key, stop.state)
     if released:
         logger.info("released %d held trial(s)", released)
     table.publish()

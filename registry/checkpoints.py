@@ -25,8 +25,10 @@ from mlflow.tracking import MlflowClient
 
 from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal, verify
 from det_tasks.errors import CheckpointError
+from registry import run_records
 from registry.cache import fetch_checkpoint
 from registry.large_tags import load_large_tags, save_large_tag
+from registry.run_records import rank_by_metric, validation_value
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
 
 __all__ = [
@@ -41,7 +43,7 @@ __all__ = [
     "validation_value",
 ]
 
-CHECKPOINT_TAG = "det.checkpoint."
+CHECKPOINT_TAG = run_records.CHECKPOINT_TAG  # one spelling, which det reads without MLflow
 
 
 def run_checkpoint_location(
@@ -108,22 +110,6 @@ def record_checkpoint(client: MlflowClient, run_id: str, record: dict[str, Any])
     (``checkpoint_records`` reads it back)."""
     name = f"{CHECKPOINT_TAG}{record['uuid']}"
     save_large_tag(client, run_id, name, json.dumps(record), "report fewer validation metrics")
-
-
-def validation_value(record: dict[str, Any], metric: str) -> float | None:
-    """The checkpoint's validation value of ``metric``, if it was validated with one."""
-    value = (record.get("validation_metrics") or {}).get(metric)
-    return float(value) if isinstance(value, int | float) else None
-
-
-def rank_by_metric(
-    records: list[dict[str, Any]], metric: str, smaller_is_better: bool
-) -> list[dict[str, Any]]:
-    """The records that carry ``metric``, best first (the searcher's ordering rule, for the
-    best-checkpoint lookup, experiment views and GC alike)."""
-    sign = 1.0 if smaller_is_better else -1.0
-    scored = [(value, r) for r in records if (value := validation_value(r, metric)) is not None]
-    return [r for _, r in sorted(scored, key=lambda s: sign * s[0])]
 
 
 def checkpoint_records(client: MlflowClient, run_id: str) -> list[dict[str, Any]]:

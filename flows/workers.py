@@ -13,7 +13,7 @@ launches the torchrun/horovodrun world for multi-slot trials).
 
 Recycling: once a worker has built ``DET_TASKS_WORKER_MAX_TRIALS`` trials (default 16) and
 holds none, its step results say so (``recycle_due``) and the flow restarts it through
-Dask's Nanny (``flows.engine.recycle``) before it places another step: leaks in user code
+Dask's Nanny (``flows.recycling.recycle``) before it places another step: leaks in user code
 cannot accumulate, and no step is ever pinned to a worker that is going away (a worker that
 restarted itself under a pinned step left that step in Dask's ``no-worker`` state for good).
 
@@ -24,16 +24,13 @@ sees it at its next batch boundary, and the train step returns early with ``pree
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import hashlib
 import json
 import multiprocessing
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
 from det_tasks.cpu_threads import worker_threads
@@ -59,7 +55,9 @@ from det_tasks.errors import (
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
 from det_tasks.user_frames import innermost_user_frame, user_traceback
+from flows.segment_output import last_output
 from flows.worker_heap import DASK_TRIM_ENV, DASK_TRIM_THRESHOLD, reuse_freed_memory
+from flows.worker_process import exit_soon, shield_from_group_signals
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -319,45 +317,6 @@ class HeldTrialPlugin(WorkerPlugin):
         return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
 
 
-# multiprocessing's name for the process a Dask Nanny starts (distributed.nanny).
-_DASK_WORKER_PROCESS = "Dask Worker process (from Nanny)"
-_shielded_pid = 0  # the process that called shield_from_group_signals (the forkserver)
-
-
-def shield_from_group_signals() -> None:
-    """Let SIGINT and SIGTERM pass by this worker process (and the forkserver it forks from)
-    while every process a trial starts keeps its normal reaction to them.
-
-    Why: a terminal's Ctrl-C, and the SIGTERM that ``timeout``, ``kill -- -PGID``, systemd
-    and Kubernetes send, reach the whole process group, embedded workers included; the flow
-    decides how its trials stop (checkpoint first) and tells the workers. Dask's Nanny never
-    stops a worker by SIGTERM (it asks, then SIGKILLs), and a worker whose Nanny dies exits
-    by itself. Ignoring the signals (SIG_IGN) was inherited by the trial's own processes: a
-    ``multiprocessing.Pool`` whose ``terminate()`` met a worker still waiting hung for good.
-    So a handler decides per process: the shielded ones carry on; any other process that
-    inherited it (a forked child: pool and DataLoader workers) acts as it would by default.
-    A child that execs gets the default from the kernel. The worker stays in the flow's
-    process group, so a SIGKILL of the group still ends every process. Only the main thread
-    can install a handler."""
-    global _shielded_pid
-    _shielded_pid = os.getpid()
-    with contextlib.suppress(ValueError):  # not the main thread: nothing to change
-        signal.signal(signal.SIGINT, _pass_by_workers)
-        signal.signal(signal.SIGTERM, _pass_by_workers)
-
-
-def _pass_by_workers(signum: int, frame: Any) -> None:
-    if (
-        os.getpid() == _shielded_pid
-        or multiprocessing.current_process().name == _DASK_WORKER_PROCESS
-    ):
-        return
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt  # Python's own default for SIGINT
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 def run_step(request: StepRequest) -> StepResult:
     """Run one step on this worker (the function the flow's tasks submit to Dask).
 
@@ -525,22 +484,6 @@ def holds_foreign_trial(experiment_key: str | None, *, dask_worker: Worker) -> b
     return isinstance(plugin, HeldTrialPlugin) and plugin.foreign_active(experiment_key)
 
 
-EXIT_DELAY_S = 0.2  # long enough for client.run's answer to leave the worker
-
-
-def exit_soon(*, dask_worker: Worker) -> bool:
-    """Kill this worker's child processes now and the worker itself (SIGKILL) a moment
-    later (``client.run`` passes ``dask_worker``): the training thread may be stuck where no
-    stop request reaches it, so nothing here waits for it."""
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    timer = threading.Timer(EXIT_DELAY_S, os.kill, (os.getpid(), signal.SIGKILL))
-    timer.daemon = True
-    timer.start()
-    return True
-
-
 def _bound(stop: int | None, trial: HeldTrial) -> int:
     return trial.max_batches if stop is None else stop
 
@@ -570,38 +513,6 @@ def _result(worker: Worker, position: int, warm: bool, started: float, **more: A
         seconds=round(time.perf_counter() - started, 4),
         **more,
     )
-
-
-_TORCHRUN_SUMMARY = re.compile(r"^\S+ FAILED$")
-
-
-_TORCHRUN_ERROR = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
-
-
-def last_output(stderr: str, lines: int = 20) -> str:
-    """A failed trial process's last ``lines`` lines. torchrun ends its output with its own
-    traceback and a summary that name the rank that failed first but not its error, so the
-    ``lines`` before them (the rank's own traceback) come first."""
-    out = stderr.splitlines()
-    for i in range(len(out) - 2, -1, -1):
-        if _TORCHRUN_SUMMARY.match(out[i]) and out[i + 1].startswith("-----"):
-            end = _before_torchruns_traceback(out, i)
-            return "\n".join([*out[max(0, end - lines) : end], *out[i:][-lines:]])
-    return "\n".join(out[-lines:])
-
-
-def _before_torchruns_traceback(out: list[str], summary: int) -> int:
-    """Where torchrun's own traceback (ending in ChildFailedError, 18 lines) starts above its
-    summary: its header, found only right above its indented frame lines (so a rank's own
-    traceback further up is never taken for it); the top of those frames without a header;
-    or the summary's line if there is no such traceback."""
-    for j in range(summary - 1, max(-1, summary - 60), -1):
-        if out[j].startswith(_TORCHRUN_ERROR):
-            k = j - 1
-            while k >= 0 and out[k].startswith("  "):  # frames, code and ^^^ markers
-                k -= 1
-            return k if k >= 0 and out[k] == "Traceback (most recent call last):" else k + 1
-    return summary
 
 
 def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: float) -> StepResult:

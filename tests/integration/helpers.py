@@ -141,3 +141,22 @@ def killable_runs(home: Path) -> list[Any]:
     experiment = client.get_experiment_by_name("flow-killable")
     assert experiment is not None
     return client.search_runs([experiment.experiment_id])
+
+
+def paused_at_the_stop_batch(home: Path, batches: int = 120) -> tuple[list[Any], Any, Any]:
+    """Assert a paused run of the flow fixture's killable trial in ``home``: every run ended
+    KILLED with det.state PAUSED, and the trial's last checkpoint is at the batch it stopped
+    at, before its ``batches``. Returns (the runs, the trial's run, the MLflow client)."""
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    runs = killable_runs(home)
+    assert {r.info.status for r in runs} == {"KILLED"}
+    assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
+    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    stopped_at = int(trial.data.metrics["progress/batches"])
+    steps = [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)]
+    assert 0 < stopped_at < batches
+    assert steps[-1] == stopped_at  # the pause checkpoint, at the stop batch
+    return runs, trial, client

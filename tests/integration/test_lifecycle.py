@@ -21,6 +21,7 @@ from tests.integration.helpers import (
     group_alive,
     home_env,
     killable_runs,
+    paused_at_the_stop_batch,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,6 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     pytest.importorskip("mlflow")
     from det_tasks import pytorch
     from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
 
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}")
@@ -61,15 +61,7 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
     match = re.search(r"--activate ([0-9a-f-]{36})", stderr)
     assert match, stderr[-2000:]
     key = match.group(1)
-    runs = killable_runs(tmp_path)
-    assert {r.info.status for r in runs} == {"KILLED"}
-    assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
-    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
-    stopped_at = int(trial.data.metrics["progress/batches"])
-    steps = [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)]
-    assert 0 < stopped_at < 120
-    assert steps[-1] == stopped_at  # the checkpoint was taken at the stop batch
+    runs, trial, client = paused_at_the_stop_batch(tmp_path)
 
     resumed = _experiment(tmp_path, "--activate", key)
     _, err = resumed.communicate(timeout=600)

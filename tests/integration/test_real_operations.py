@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import group_alive, home_env, killable_runs
+from tests.integration.helpers import (
+    group_alive,
+    home_env,
+    killable_runs,
+    paused_at_the_stop_batch,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
@@ -66,8 +71,6 @@ def test_sigterm_to_the_process_group_pauses_with_a_checkpoint_and_exits(tmp_pat
     real trials do: Dask's workers are daemonic by default, which refuses them ("daemonic
     processes are not allowed to have children")."""
     pytest.importorskip("mlflow")
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
 
     pid_file = tmp_path / "pids"
     proc = _experiment(
@@ -86,15 +89,7 @@ def test_sigterm_to_the_process_group_pauses_with_a_checkpoint_and_exits(tmp_pat
     assert re.search(r"--activate [0-9a-f-]{36}", stderr), stderr[-2000:]
     time.sleep(1)
     assert group_alive(proc.pid) == []
-    runs = killable_runs(tmp_path)
-    assert {r.info.status for r in runs} == {"KILLED"}
-    assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
-    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
-    stopped_at = int(trial.data.metrics["progress/batches"])
-    steps = [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)]
-    assert 0 < stopped_at < 120
-    assert steps[-1] == stopped_at  # the pause checkpoint, at the stop batch
+    paused_at_the_stop_batch(tmp_path)
 
 
 @pytest.mark.slow

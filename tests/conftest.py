@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from types import FrameType
@@ -27,6 +28,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise KeyboardInterrupt("SIGTERM")
 
     config.stash[_PREVIOUS] = signal.signal(signal.SIGTERM, interrupt)
+    # A process forked from the session (a trial's multiprocessing.Pool or DataLoader
+    # worker, run in-process by a test) gets SIGTERM's default back at once: a Python
+    # handler runs only when the child's main thread is back in the interpreter, so a child
+    # blocked in C code would outlive Pool.terminate() and hang the test that waits on it.
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def _default_sigterm_in_child() -> None:
+    with contextlib.suppress(ValueError):  # forked from a thread that cannot set handlers
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -20,11 +20,12 @@ install: $(STAMP)
 horovod: install
 	PYTHON=$(BIN)/python bash infra/build_horovod.sh
 
-SOURCES := det_tasks registry flows infra tests bench examples
+SOURCES := det_tasks registry cluster searchers flows det_cli infra tests bench examples
 
 lint: install
 	$(BIN)/ruff check $(SOURCES) docs
 	$(BIN)/ruff format --check $(SOURCES) docs
+	$(BIN)/lint-imports --no-cache  # the layer contracts in pyproject.toml
 
 typecheck: install
 	$(BIN)/mypy

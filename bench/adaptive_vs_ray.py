@@ -200,21 +200,41 @@ def main() -> None:
         finally:
             run_in_home(Path(home), "infra.warm_home", "stop")
     load_end = os.getloadavg()
-    med = {
-        k: {m: statistics.median(r[m] for r in rs) for m in rs[0] if m in TIMES}
-        for k, rs in runs.items()
-    }
-    sizes = SMOKE if args.smoke else FULL
-    ray_version = runs["ray"][0]["ray"]
+    _report(runs, args.smoke, args.repeats, load_start, load_end)
+
+
+def _print_setting(
+    smoke: bool,
+    repeats: int,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> None:
+    sizes = SMOKE if smoke else FULL
     print(
         f"machine: {platform.node()} {cpu_name()}, {os.cpu_count()} cores, load average "
         f"{load_start[0]:.1f} at start, {load_end[0]:.1f} at end (shared with other work)"
     )
     print(
-        f"{CONFIG.relative_to(ROOT)}{' (smoke)' if args.smoke else ''}: {sizes['samples']} "
+        f"{CONFIG.relative_to(ROOT)}{' (smoke)' if smoke else ''}: {sizes['samples']} "
         f"trials, max {sizes['max_t']} batches, ASHA grace {sizes['grace_period']} / factor 4, "
-        f"2 at a time, 1 thread per trial; median of {args.repeats} interleaved repeat(s)"
+        f"2 at a time, 1 thread per trial; median of {repeats} interleaved repeat(s)"
     )
+
+
+def _report(
+    runs: dict[str, list[dict[str, Any]]],
+    smoke: bool,
+    repeats: int,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> None:
+    """Print the side-by-side table and ratios of the interleaved runs."""
+    med = {
+        k: {m: statistics.median(r[m] for r in rs) for m in rs[0] if m in TIMES}
+        for k, rs in runs.items()
+    }
+    ray_version = runs["ray"][0]["ray"]
+    _print_setting(smoke, repeats, load_start, load_end)
     best = {k: min(r["best_validation_error"] for r in rs) for k, rs in runs.items()}
     print("| run | wall s | best validation_error |")
     print("| --- | --- | --- |")

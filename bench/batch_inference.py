@@ -4,7 +4,7 @@ the same model (an MLP 784-256-10 loaded from the same checkpoint), the same dat
 
 - plain: ``DataLoader(dataset, batch_size)`` -> ``model(x)`` -> outputs to numpy, one process.
 - flow, 1 and 2 workers: ``batch_inference(...)`` (2 shards per worker) to a local output
-  directory; the shards run on the flow's engine (the warm Dask workers of flows/engine.py).
+  directory; the shards run on the flow's engine (the warm Dask workers of cluster/).
   Two rates each: steady (records / the shards' streaming time once the model is loaded,
   per worker; also per CPU second of the streaming threads, which a busy shared host
   disturbs far less than wall time) and end to end (records / the flow call's wall time:
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 
 def checkpoint(tmp: Path) -> str:
-    from det_tasks.runner.local import run_trial
+    from det_tasks.runner.in_process import run_trial
 
     result = run_trial(MODEL / "const.yaml", checkpoint_dir=tmp / "ckpt", progress=False)
     assert result.checkpoint_uri is not None

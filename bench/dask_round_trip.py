@@ -1,5 +1,5 @@
 """A Dask step's submit-to-result time from the flow's client, at distributed's client
-batching interval (10 ms) and at ours (flows.engine.CLIENT_SEND_INTERVAL_S), interleaved on
+batching interval (10 ms) and at ours (cluster.startup.CLIENT_SEND_INTERVAL_S), interleaved on
 one real scheduler and worker (processes, as the embedded cluster starts them).
 
 Each step waits 15 ms after the previous one's release, as a trial's validate follows its
@@ -47,7 +47,7 @@ def main() -> None:
     os.environ.setdefault("DET_TASKS_HOME", tempfile.mkdtemp())
     from distributed import Client
 
-    from flows.engine import CLIENT_SEND_INTERVAL_S, SCHEDULER_ENV, background_cluster
+    from cluster.startup import CLIENT_SEND_INTERVAL_S, SCHEDULER_ENV, background_cluster
 
     default, ours = [], []
     with background_cluster(1), Client(os.environ[SCHEDULER_ENV]) as client:

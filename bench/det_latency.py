@@ -95,7 +95,7 @@ class Det:
         self.cpu: dict[str, list[float]] = {}  # user + system seconds of the command
 
     def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        code = "from flows.det_cli import command; command()"
+        code = "from det_cli import command; command()"
         return subprocess.run(
             [sys.executable, "-c", code, *argv],
             cwd=self.cwd,

@@ -104,7 +104,7 @@ def in_process_back_to_back(
 import random, sys, tempfile, time
 sys.path.insert(0, {str(ROOT)!r})
 from det_tasks.config import ExperimentConfig
-from det_tasks.runner.local import load_raw_config, run_trial
+from det_tasks.runner.in_process import load_raw_config, run_trial
 from det_tasks.searcher import make_searcher
 from pathlib import Path
 _, cfg = load_raw_config(Path({str(config)!r}), {overrides!r})
@@ -134,8 +134,8 @@ def warm_step_overheads(trials: int = 4) -> list[tuple[float, float]]:
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as TIMEOUT
     from prefect.settings import temporary_settings
 
+    from cluster.startup import background_cluster
     from flows.embedded import use_embedded_defaults
-    from flows.engine import background_cluster
     from flows.experiment import experiment
 
     use_embedded_defaults()

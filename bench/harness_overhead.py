@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader, PyTorchCallback, PyTorchTrial
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 
 
 def make_model(kind: str) -> nn.Module:
@@ -225,7 +225,7 @@ def harness(args: argparse.Namespace, device: torch.device) -> float:
     return (clock.stamps[1] - clock.stamps[0]) / args.steps
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -242,6 +242,11 @@ def main() -> None:
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: thread CPU time"
     )
     parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     args.records = args.records or args.batch_size * 64
     torch.set_num_threads(args.threads)

@@ -132,7 +132,7 @@ def tpe_ask_ms(sizes: tuple[int, ...] = (10, 50, 200)) -> dict[int, float]:
     """Median time of one TPE ask on the example's 4-parameter space, after ``n`` told."""
     import optuna
 
-    from flows.optuna_space import search_space
+    from searchers.optuna_space import search_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = search_space(_config("tpe+asha", 0, 200).hyperparameters)

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness_overhead import BenchTrial, _Clock, cpu_name
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import PyTorchCallback
 from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from infra.services import is_running
 from infra.stack import StackConfig, down, mlflow_service, up
 

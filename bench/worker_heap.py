@@ -3,7 +3,7 @@
 Dask's nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which turns off
 glibc's dynamic mmap threshold: every allocation over 128 KiB (a batch, a layer's
 activations) is mapped afresh and page-faulted in on every step. Trial steps therefore run
-inside ``flows.worker_heap.reuse_freed_memory()`` (``flows.workers.run_step``). This prints,
+inside ``cluster.worker_heap.reuse_freed_memory()`` (``cluster.held_trials.run_step``). This prints,
 for the MNIST tutorial's CNN at batch 64 on one CPU thread, the training thread's CPU time
 and minor page faults per step in three places, interleaved, medians of the repeats:
 
@@ -39,7 +39,7 @@ def cnn_steps(model: Any, steps: int, raised: bool) -> tuple[float, float]:
     import torch
     from torch import nn
 
-    from flows.worker_heap import reuse_freed_memory
+    from cluster.worker_heap import reuse_freed_memory
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     from distributed import Client
 
-    from flows.engine import embedded_cluster
+    from cluster.startup import embedded_cluster
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 # The CPU threads a warm Dask worker's trials train on, set per worker by whoever starts it
-# (flows.engine's embedded cluster, infra.dask_cluster); unset: Dask's one thread.
+# (cluster.startup's embedded cluster, infra.dask_cluster); unset: Dask's one thread.
 WORKER_THREADS_ENV = "DET_TASKS_WORKER_THREADS"
 
 

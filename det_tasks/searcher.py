@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 MAX_INVALID_FACTOR = 10
-# Searchers other packages provide (optuna: flows.optuna_search), so det_tasks needs none of
+# Searchers other packages provide (optuna: searchers.optuna_search), so det_tasks needs none of
 # their dependencies: an entry point ``name = "module:factory"``, factory(config,
 # max_batches) -> Searcher.
 SEARCHER_PLUGINS = "det_tasks.searchers"

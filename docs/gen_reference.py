@@ -9,7 +9,7 @@ note here and that every ``det``/``det-tasks`` command appears.
   hyperparameter and job models), its type and default read from the pydantic model, plus
   the note below saying what the field does here. A field without a note, or a note for a
   field that no longer exists, raises, so the build fails in ``mkdocs build --strict``.
-- ``cli-det`` / ``cli-det-tasks``: the argparse parsers of ``det`` (flows/det_cli) and
+- ``cli-det`` / ``cli-det-tasks``: the argparse parsers of ``det`` (det_cli/) and
   ``det-tasks`` (det_tasks/runner/cli.py), walked command by command.
 """
 
@@ -463,7 +463,7 @@ def config_markdown() -> str:
 
 
 def det_parser() -> argparse.ArgumentParser:
-    from flows.det_cli.dispatch import build_parser
+    from det_cli.dispatch import build_parser
 
     return build_parser()
 

@@ -4,7 +4,7 @@ The input is any torch Dataset built by ``module:function`` in the checkpoint's 
 or iterable), or Parquet files on S3 (``s3://bucket/prefix/*.parquet`` with ``columns``). It is
 checked once, before any shard starts (a bad spec or a missing column fails the run with
 nothing written). Each shard task streams only its own records on a worker process: the warm
-Dask workers when the engine is there (``flows.engine``), else a pool of ``workers`` processes;
+Dask workers when the engine is there (``cluster.startup``), else a pool of ``workers`` processes;
 either way the model is loaded once per worker, not once per shard. Each shard writes one
 Parquet object (``shard-00003-of-00008.parquet``: record id, output, argmax); a shard whose
 object exists is skipped, so rerunning after a crash writes every shard exactly once. The
@@ -29,9 +29,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
-from det_tasks.batch_data import shard_range
+from cluster.batch_data import shard_range
+from cluster.batch_shards import ShardRequest, run_shard
 from det_tasks.errors import ConfigError
-from flows.batch_shards import ShardRequest, run_shard
 from flows.jobs import run_job_script
 from registry import parquet_dataset
 from registry.packages import fetch_package
@@ -48,7 +48,7 @@ _ENGINE: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_engine", de
 def _pinned(model_uri: str) -> str:
     """``models:/name@alias`` -> the version's source, so every shard uses the same model."""
     if model_uri.startswith("models:/"):
-        from registry.uris import models_uri_source
+        from registry.checkpoint_uris import models_uri_source
 
         return models_uri_source(model_uri)
     return model_uri
@@ -93,9 +93,9 @@ def plan_shards(
             f"dataset {dataset!r}: `columns`/`id_column` apply to Parquet datasets "
             "(s3://bucket/prefix/*.parquet) only; remove them"
         )
-    from flows.batch_shards import _dataset
+    from cluster.batch_shards import shard_dataset
 
-    _dataset(model_source, dataset)  # builds it once here: a bad spec fails before any shard
+    shard_dataset(model_source, dataset)  # builds it once here: a bad spec fails before any shard
     return [ShardRequest(shard=i, **common) for i in range(num_shards)]  # type: ignore[arg-type]
 
 
@@ -104,7 +104,7 @@ def _engine(workers: int) -> Iterator[Any]:
     """The warm Dask workers when the engine exists, else ``workers`` worker processes."""
     engine: Any = None
     try:
-        from flows.engine import dask_client
+        from cluster.startup import dask_client
 
         engine = dask_client
     except ImportError:

@@ -20,24 +20,31 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
-import distributed
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.states import Cancelled
 
+from cluster.held_trials import StepResult
+from cluster.placement import Placement
+from cluster.recycling import Recycler
+from cluster.steps import (
+    StepFuture,
+    kill_worker_process,
+    release_on,
+    stop_everywhere,
+    wait_for_releases,
+    workers_running,
+)
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
-from flows.engine import Placement, kill_worker_process, stop_everywhere, workers_running
-from flows.recycling import Recycler
 from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
-from flows.workers import StepResult, run_step
 from registry.checkpoints import checkpoint_records
+from registry.mlflow_services import trial_run_tags
 from registry.models import trial_runs
 from registry.searcher_state import STATE_TAG, save_searcher_state
-from registry.services import trial_run_tags
 from registry.tracking import STATE_TAG as RUN_STATE_TAG
 from registry.tracking import TRIAL_TAG, ExperimentRuns
 from registry.trial_states import ERROR, STOPPED
@@ -84,7 +91,7 @@ class TrialChains:
         self.refs: dict[int, TrialRef] = {}
         self.last: dict[int, Any] = {}  # trial -> its latest checkpoint task's future
         self.position: dict[int, int] = {}
-        self.releases: list[distributed.Future] = []
+        self.releases: list[StepFuture] = []
         self.best: dict[str, Any] | None = None
         self.stop: StopControl | None = None
         self.grace_s = stop_grace_s()
@@ -238,7 +245,7 @@ class TrialChains:
 
     def wait_releases(self, timeout_s: float = 120.0) -> None:
         if self.releases:
-            distributed.wait(self.releases, timeout=timeout_s)
+            wait_for_releases(self.releases, timeout_s)
 
     # ---- steps --------------------------------------------------------------------------
     def _start(self, work: Work) -> _Stage:
@@ -355,12 +362,7 @@ class TrialChains:
         request = dataclasses.replace(
             ref.request("release", result.position, result.position), stopped_as=stopped_as
         )
-        client = distributed.default_client()
-        self.releases.append(
-            client.submit(
-                run_step, request, pure=False, workers=[result.worker], allow_other_workers=True
-            )
-        )
+        self.releases.append(release_on(result.worker, request))
 
     def _mark_pruned(self, ref: TrialRef) -> None:
         """det.state PRUNED on the trial's run once its release has ended it (FINISHED):
@@ -399,6 +401,7 @@ class TrialChains:
                 trial_id=work.trial_id,
                 hparams=work.hparams,
                 experiment_run_key=self.run_key,
+                raw_config=self.raw,
             )
             run_id = self.runs.trial_run(
                 str(work.trial_id),
@@ -412,7 +415,7 @@ class TrialChains:
                 parent_run_id=self.runs.parent_run_id,
                 experiment_id=self.runs.experiment_id,
                 mlflow_run_id=run_id,
-                holdable=holdable(spec) is None,
+                holdable=holdable(self.cfg) is None,
                 package=self.package,
                 config_yaml=self.config_path.read_text(encoding="utf-8") if self.package else None,
                 gpus=self.cfg.resources.slots_per_trial if self.placement.gpus else 0,

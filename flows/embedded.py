@@ -24,20 +24,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from det_tasks.first_use import create_once
+from cluster.environment import accepts
 from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
     no_server_recording,
     warm_record,
 )
+from registry.shared_database import create_once
 
 __all__ = [
     "PRESTART_ENV",
     "WARM_SERVICES_ENV",
     "EmbeddedPrefectServer",
     "WarmServices",
-    "accepts",
     "attach_warm_services",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
@@ -120,16 +120,6 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
         tracking_uri=recorded["MLFLOW_TRACKING_URI"],
         workers=int(workers) if workers.isdigit() else 0,
     )
-
-
-def accepts(address: str) -> bool:
-    """Whether something listens at ``tcp://host:port``."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def start_shielded_prefect_server() -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -49,7 +51,8 @@ class _CommandLine:
 
 def _check_command_line(args: list[str]) -> _CommandLine:
     """Validate before anything starts (DetTasksError or ValueError, in the user's words)."""
-    from det_tasks.runner.local import check_entrypoint, load_raw_config
+    from det_tasks.runner.in_process import check_entrypoint
+    from det_tasks.runner.trial_setup import load_raw_config
 
     args, key = _split_activate(args)
     config_path = Path(args[0]).resolve()
@@ -106,32 +109,27 @@ from prefect.settings import (
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from cluster.held_trials import TrialFailed
+from cluster.placement import Placement
+from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, worker_memory_mb
+from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
-from det_tasks.runner.local import check_entrypoint, load_raw_config
-from det_tasks.searcher import Searcher, make_searcher
+from det_tasks.runner.in_process import check_entrypoint
+from det_tasks.runner.trial_setup import load_raw_config
+from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.console import exit_without_final_collection, quiet_prefect_shutdown
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
-from flows.engine import (
-    SCHEDULER_ENV,
-    Placement,
-    background_cluster,
-    dask_client,
-    release_everywhere,
-    stop_everywhere,
-    worker_memory_mb,
-)
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable
-from flows.workers import TrialFailed
 from registry.activation import check_activatable
+from registry.mlflow_services import finish_experiment
 from registry.packages import fetch_package
 from registry.run_states import end_orphans, end_running_runs, record_failure
 from registry.s3 import LazyClient
 from registry.searcher_state import load_searcher_state
-from registry.services import finish_experiment
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, mlflow_link
 
@@ -209,17 +207,12 @@ def _run_experiment(
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     check_entrypoint(cfg, model_path)  # before any run exists: a retry cannot fix it
-    settings = RegistrySettings.from_env()
-    if not settings.tracking_uri:
-        raise RuntimeError(
-            "MLFLOW_TRACKING_URI is not set on this worker: start the stack (make up) and "
-            "source .stack/env, or run without servers: python -m flows.experiment CONFIG"
-        )
+    settings, tracking_uri = _tracking_settings()
     name = cfg.name or config_path.stem
     run_key = experiment_key or str(flow_run.get_id() or uuid.uuid4())
-    mlflow = client_for(settings.tracking_uri)
+    mlflow = client_for(tracking_uri)
     if experiment_key:  # before a run exists: an unknown key must not start one
-        check_activatable(mlflow, name, experiment_key, settings.tracking_uri)
+        check_activatable(mlflow, name, experiment_key, tracking_uri)
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
@@ -229,72 +222,102 @@ def _run_experiment(
     finished = searcher.finished()
     todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
     limit = worker_count(cfg)
-    table = TrialTable(
-        name,
-        cfg.searcher.metric,
-        cfg.searcher.smaller_is_better,
-        lambda run_id: mlflow_link(settings.tracking_uri or "", runs.experiment_id, run_id),
-        total_trials=_expected_trials(cfg, len({w.trial_id for w in todo} | finished)),
-        parent_run_id=runs.parent_run_id,
-        client=mlflow,
-    )
+    trial_count = _expected_trials(cfg, len({w.trial_id for w in todo} | finished))
+    table = _trial_table(name, cfg, runs, settings, trial_count)
     started = time.monotonic()
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
-    logger.info("MLflow: %s", mlflow_link(settings.tracking_uri, runs.experiment_id))
-    with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
-        trials = TrialChains(
-            cfg,
-            raw,
-            runs,
-            config_path,
-            model_path,
-            overrides,
-            run_key,
-            package,
-            table,
-            Placement(client, run_key),
-        )
-        stop = StopControl(client, run_key, mlflow, runs.parent_run_id, _prefect_cancelling)
-        if activated:
-            stop.clear()  # the request that paused it is spent
-        try:
-            with stop.signals_handled():
-                best = trials.run(todo, searcher, limit, stop)
-        except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
-            _end_abruptly(client, runs, run_key, table, err)
-            raise
-        # The trials' own releases first (a STOPPED trial's run ends FINISHED STOPPED): the
-        # sweep after them ends whatever is still held, as COMPLETED or the stop's state,
-        # and it overtook a release still queued (a trial ASHA stopped ended COMPLETED).
-        trials.wait_releases()
-        released = release_everywhere(client, run_key, stop.state)
+    logger.info("MLflow: %s", mlflow_link(tracking_uri, runs.experiment_id))
+    chains = functools.partial(
+        TrialChains, cfg, raw, runs, config_path, model_path, overrides, run_key, package, table
+    )
+    best, released, stop = _train(chains, searcher, todo, limit, cfg, runs, run_key, activated)
     if released:
         logger.info("released %d held trial(s)", released)
     table.publish()
     if stop.mode is not None:
         return _stopped(stop, runs, config_path, run_key)
-    try:
-        finish_experiment(runs, LazyClient(settings.s3_endpoint))
-    except Exception as err:  # GC, the winner or the plots failed: the parent still ends
-        with contextlib.suppress(Exception):
-            text = f"{type(err).__name__}: {err}"
-            record_failure(runs.client, runs.experiment_id, runs.parent_run_id, text)
-            end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, "ERROR", "FAILED")
-        raise
+    _finish(runs, settings)
     result = {
         "experiment": name,
         "searcher_metric": cfg.searcher.metric,
         # The table's best reads each trial's whole validation history (a validation
         # inside a train step is the best as often as the one ending it).
         "best": table.best() or best,
-        "mlflow_experiment": mlflow_link(settings.tracking_uri, runs.experiment_id),
-        "mlflow_parent_run": mlflow_link(
-            settings.tracking_uri, runs.experiment_id, runs.parent_run_id
-        ),
+        "mlflow_experiment": mlflow_link(tracking_uri, runs.experiment_id),
+        "mlflow_parent_run": mlflow_link(tracking_uri, runs.experiment_id, runs.parent_run_id),
         "wall_seconds": round(time.monotonic() - started, 1),
     }
     logger.info("summary: %s", json.dumps(result, default=str))
     return result
+
+
+def _train(
+    chains: Callable[[Placement], TrialChains],
+    searcher: Searcher,
+    todo: list[Work],
+    limit: int,
+    cfg: ExperimentConfig,
+    runs: ExperimentRuns,
+    run_key: str,
+    activated: bool,
+) -> tuple[Any, int, StopControl]:
+    """Run the trials on the cluster until they end or a stop request stops them; returns
+    the chains' best, how many held trials the final sweep released, and the stop."""
+    with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
+        trials = chains(Placement(client, run_key))
+        stop = StopControl(client, run_key, runs.client, runs.parent_run_id, _prefect_cancelling)
+        if activated:
+            stop.clear()  # the request that paused it is spent
+        try:
+            with stop.signals_handled():
+                best = trials.run(todo, searcher, limit, stop)
+        except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
+            _end_abruptly(client, runs, run_key, trials.table, err)
+            raise
+        # The trials' own releases first (a STOPPED trial's run ends FINISHED STOPPED): the
+        # sweep after them ends whatever is still held, as COMPLETED or the stop's state,
+        # and it overtook a release still queued (a trial ASHA stopped ended COMPLETED).
+        trials.wait_releases()
+        released = release_everywhere(client, run_key, stop.state)
+    return best, released, stop
+
+
+def _tracking_settings() -> tuple[RegistrySettings, str]:
+    """The registry's settings and its tracking URI, which a flow run must have."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise RuntimeError(
+            "MLFLOW_TRACKING_URI is not set on this worker: start the stack (make up) and "
+            "source .stack/env, or run without servers: python -m flows.experiment CONFIG"
+        )
+    return settings, settings.tracking_uri
+
+
+def _trial_table(
+    name: str, cfg: ExperimentConfig, runs: ExperimentRuns, settings: RegistrySettings, total: int
+) -> TrialTable:
+    tracking_uri = settings.tracking_uri or ""
+    return TrialTable(
+        name,
+        cfg.searcher.metric,
+        cfg.searcher.smaller_is_better,
+        lambda run_id: mlflow_link(tracking_uri, runs.experiment_id, run_id),
+        total_trials=total,
+        parent_run_id=runs.parent_run_id,
+        client=runs.client,
+    )
+
+
+def _finish(runs: ExperimentRuns, settings: RegistrySettings) -> None:
+    """GC, the winner and the plots; if they fail, the parent run still ends (FAILED)."""
+    try:
+        finish_experiment(runs, LazyClient(settings.s3_endpoint))
+    except Exception as err:
+        with contextlib.suppress(Exception):
+            text = f"{type(err).__name__}: {err}"
+            record_failure(runs.client, runs.experiment_id, runs.parent_run_id, text)
+            end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, "ERROR", "FAILED")
+        raise
 
 
 def _prefect_cancelling() -> bool:
@@ -427,22 +450,7 @@ def main(
         print(f"error: {err}", file=sys.stderr)
         return 2
     cfg = checked.cfg
-    chosen = use_embedded_defaults()
-    if chosen:
-        print(
-            f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "
-            f"(browse: mlflow ui --backend-store-uri {chosen['MLFLOW_TRACKING_URI']})",
-            file=sys.stderr,
-        )
-    if warm is not None:
-        print(
-            f"on the warm services of {det_tasks_home()}: Prefect {warm.prefect_api[:-4]}, "
-            f"Dask {warm.scheduler} ({warm.workers} workers: at most {warm.workers} trials "
-            f"at once); runs go to {warm.tracking_uri} (browse: mlflow ui "
-            f"--backend-store-uri {warm.tracking_uri}); stop the services: "
-            "python -m infra.warm_home stop",
-            file=sys.stderr,
-        )
+    _say_where_runs_go(warm)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     workers = worker_count(cfg)
     with (
@@ -469,19 +477,45 @@ def main(
                 "stopped at once (second signal): no checkpoint; runs ended KILLED", file=sys.stderr
             )
             return 130
-        if state.is_cancelled():  # stopped on request: the message says how to continue
-            print(state.message, file=sys.stderr)
-            return 130
-        try:
-            result = state.result()
-        except StepFailed as err:  # the user's frames once, then one line
-            if err.user_traceback:
-                print(err.user_traceback, file=sys.stderr)
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        except Exception as err:  # the flow run's log above has the details
-            print(f"error: experiment failed: {err}", file=sys.stderr)
-            return 1
+        return _report(state)
+
+
+def _say_where_runs_go(warm: WarmServices | None) -> None:
+    """On stderr: the embedded defaults chosen, or the warm services used."""
+    chosen = use_embedded_defaults()
+    if chosen:
+        print(
+            f"no MLFLOW_TRACKING_URI: runs go to {chosen['MLFLOW_TRACKING_URI']} "
+            f"(browse: mlflow ui --backend-store-uri {chosen['MLFLOW_TRACKING_URI']})",
+            file=sys.stderr,
+        )
+    if warm is not None:
+        print(
+            f"on the warm services of {det_tasks_home()}: Prefect {warm.prefect_api[:-4]}, "
+            f"Dask {warm.scheduler} ({warm.workers} workers: at most {warm.workers} trials "
+            f"at once); runs go to {warm.tracking_uri} (browse: mlflow ui "
+            f"--backend-store-uri {warm.tracking_uri}); stop the services: "
+            "python -m infra.warm_home stop",
+            file=sys.stderr,
+        )
+
+
+def _report(state: Any) -> int:
+    """The flow run's outcome for the terminal: the summary as JSON (0), how to continue a
+    stopped one (130), or the failure in one line after the user's frames (1)."""
+    if state.is_cancelled():  # stopped on request: the message says how to continue
+        print(state.message, file=sys.stderr)
+        return 130
+    try:
+        result = state.result()
+    except StepFailed as err:  # the user's frames once, then one line
+        if err.user_traceback:
+            print(err.user_traceback, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # the flow run's log above has the details
+        print(f"error: experiment failed: {err}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2, default=str))
     return 0
 

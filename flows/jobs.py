@@ -14,11 +14,11 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from det_tasks import launch
+from det_tasks import cluster_info
 from det_tasks.pytorch.experimental._job_services import JOB_ID_ENV, JOB_OUTPUT_ENV
-from det_tasks.runner import launcher
+from det_tasks.runner import worker_group as launcher
+from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import parse_script_command
-from det_tasks.runner.launch_layer import parse_launch_layer
 from registry import s3 as s3_lib
 from registry.settings import RegistrySettings
 
@@ -36,8 +36,8 @@ def run_job_script(
     path, args = parse_script_command(script)
     layer = parse_launch_layer(script)
     slots = int((config.get("resources") or {}).get("slots_per_trial", 1))
-    info = launch.ClusterInfo(
-        trial=launch.TrialInfo(
+    info = cluster_info.ClusterInfo(
+        trial=cluster_info.TrialInfo(
             trial_id=job_id, experiment_id=job_id, hparams={}, config=config, trial_seed=0
         ),
         latest_checkpoint=None,
@@ -51,7 +51,7 @@ def run_job_script(
         out_dir.mkdir()
         env = {
             **os.environ,
-            launch.ENV_VAR: str(info_file),
+            cluster_info.ENV_VAR: str(info_file),
             OUTPUT_DIR_ENV: str(out_dir),
             JOB_ID_ENV: job_id,
             JOB_OUTPUT_ENV: output,

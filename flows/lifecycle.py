@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import uuid
 
+from cluster.environment import SCHEDULER_ENV
+from cluster.stop_requests import STOP_STATES, request_stop_at
 from det_tasks.errors import DetTasksError
 from flows import prefect_rest
 from flows.prefect_rest import FlowRun
@@ -28,9 +30,6 @@ __all__ = ["activate", "cancel", "kill", "pause"]
 # Prefect's state types, as its REST API spells them.
 _ACTIVE = {"RUNNING", "PENDING", "SCHEDULED"}
 _FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
-# What each stop leaves the experiment as (flows.stopping.STOP_STATES, which imports Dask).
-_STOP_STATES = {"pause": "PAUSED", "cancel": "CANCELED", "kill": "CANCELED"}
-SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # flows.engine.SCHEDULER_ENV
 
 
 def pause(experiment_key: str) -> str:
@@ -78,7 +77,7 @@ def _stop(experiment_key: str, mode: str) -> str:
 
         message = f"experiment {short} {mode}ed while paused"
         prefect_rest.set_flow_run_state(run.id, "CANCELLED", "Cancelled", message, force=True)
-        mark_experiment_state(experiment_key, _STOP_STATES[mode])
+        mark_experiment_state(experiment_key, STOP_STATES[mode])
         return f"Experiment {short} was paused; it is now CANCELED"
     _require_active(run, "canceled" if mode == "cancel" else "killed")
     _request(experiment_key, mode)
@@ -112,7 +111,7 @@ def _require_active(run: FlowRun, verb: str) -> None:
 
 def _request(experiment_key: str, mode: str) -> None:
     """Leave the stop request where the experiment's flow reads it: the stack's scheduler
-    (flows.stopping.stop_metadata_key), through one RPC, without a Dask client of its own."""
+    (cluster.stop_requests), through one RPC, without a Dask client of its own."""
     address = os.environ.get(SCHEDULER_ENV)
     if not address:
         raise DetTasksError(
@@ -120,21 +119,8 @@ def _request(experiment_key: str, mode: str) -> None:
             "the stack's Dask scheduler (source .stack/env after make up); an experiment run "
             "with python -m flows.experiment stops with Ctrl-C in its terminal"
         )
-    import asyncio
-
-    from distributed.core import rpc
-
-    key = ["det-tasks-stop", experiment_key]  # flows.stopping.stop_metadata_key
-
-    async def exchange() -> str | None:
-        async with rpc(address, timeout=10) as scheduler:
-            before = await scheduler.get_metadata(keys=key, default=None)
-            if before != mode:
-                await scheduler.set_metadata(keys=key, value=mode)
-            return before
-
     try:
-        before = asyncio.run(exchange())
+        before = request_stop_at(address, experiment_key, mode)
     except OSError as err:
         raise DetTasksError(
             f"cannot reach the Dask scheduler at {address} ({err}): is the stack up (make up)?"

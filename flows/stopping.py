@@ -8,7 +8,7 @@ Every way in ends in one ``StopControl.request(mode)``:
   ``["det-tasks-stop", <experiment key>]`` in the Dask scheduler's metadata store
   (``Client.set_metadata``), which the flow reads at each wake-up (about once a second).
 
-The flow then passes the request to its trials' workers (``flows.engine.stop_everywhere``),
+The flow then passes the request to its trials' workers (``cluster.steps.stop_everywhere``),
 where the training loop sees it at its next batch boundary. While it runs, the flow also
 beats on its MLflow parent run, so a flow that dies without a word is found
 (registry.run_states).
@@ -26,24 +26,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from distributed import Client
-
+from cluster.held_trials import forget_stop
+from cluster.stop_requests import STOP_STATES, record_stop, stop_requested
 from det_tasks.errors import ConfigError
-from flows.workers import forget_stop
 from registry.run_states import HEARTBEAT_S, heartbeat
 
 __all__ = [
     "DEFAULT_STOP_GRACE_S",
     "STOP_GRACE_ENV",
-    "STOP_STATES",
     "StopControl",
     "stop_grace_s",
-    "stop_metadata_key",
-    "stop_requested",
 ]
 
-# What each mode leaves the experiment and its trials as (Determined's states).
-STOP_STATES = {"pause": "PAUSED", "cancel": "CANCELED", "kill": "CANCELED"}
 # How long a trial has, after a stop request, to reach its next batch boundary before its
 # worker is killed (a trial stuck in user code never reaches one).
 STOP_GRACE_ENV = "DET_TASKS_STOP_GRACE_S"
@@ -68,27 +62,13 @@ def stop_grace_s() -> float:
     return value
 
 
-def stop_requested(client: Client, experiment_key: str) -> str | None:
-    """The stop mode recorded for the experiment on the scheduler (None: none)."""
-    with contextlib.suppress(Exception):
-        value = client.get_metadata(stop_metadata_key(experiment_key), None)
-        if isinstance(value, str) and value in STOP_STATES:
-            return value
-    return None
-
-
-def stop_metadata_key(experiment_key: str) -> list[str]:
-    """Where a stop request for the experiment waits in the scheduler's metadata."""
-    return ["det-tasks-stop", experiment_key]
-
-
 class StopControl:
     """The experiment's stop request (None while it runs), from signals or the ``det``
     command, and the flow's heartbeat."""
 
     def __init__(
         self,
-        client: Client,
+        client: Any,  # a distributed.Client
         experiment_key: str,
         mlflow: Any,
         parent_run_id: str,
@@ -144,14 +124,14 @@ class StopControl:
             # Recorded where every step sees it: a step whose worker died is not retried
             # into a stopping experiment (flows.tasks), whoever asked for the stop.
             with contextlib.suppress(Exception):
-                self.client.set_metadata(stop_metadata_key(self.experiment_key), pending)
+                record_stop(self.client, self.experiment_key, pending)
             return pending
         return None
 
     def clear(self) -> None:
         """Forget a stop request left on the scheduler (an activated experiment runs)."""
         with contextlib.suppress(Exception):
-            self.client.set_metadata(stop_metadata_key(self.experiment_key), None)
+            record_stop(self.client, self.experiment_key, None)
         with contextlib.suppress(Exception):
             self.client.run(forget_stop, self.experiment_key)
 

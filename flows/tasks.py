@@ -2,7 +2,7 @@
 ``checkpoint trial-3 @500``, each taking the previous one's result as its input (so the
 flow-run graph draws a trial as a chain and ASHA promotions extend it).
 
-A task is a thin record in Prefect: its work runs on a warm Dask worker (flows.workers),
+A task is a thin record in Prefect: its work runs on a warm Dask worker (cluster.held_trials),
 addressed by position, so a retry (max_restarts) continues from the trial's checkpoint with
 exactly equal results. Each task's name says its step and trial; its first log line names
 the trial's MLflow run.
@@ -13,17 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from distributed import KilledWorker, default_client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
+from cluster.held_trials import StepRequest, StepResult, TrialFailed
+from cluster.steps import run_step_explained
 from det_tasks.errors import StepFailed
 from det_tasks.runner.held import TrialSpec
-from flows.engine import submit_step
-from flows.stopping import stop_requested
-from flows.worker_deaths import explain_death
-from flows.workers import StepRequest, StepResult, TrialFailed
 
 __all__ = [
     "TrialFailed",
@@ -80,17 +77,9 @@ def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def _step(request: StepRequest, worker: str | None, gpus: int) -> StepResult:
-    """Run the step on its worker; a failure says which attempt it was. A worker that died
-    under it is explained (exit code, likely cause), and not retried into an experiment
-    that is stopping (its trial was killed on purpose, or dies with the rest)."""
+    """Run the step on its worker (cluster.steps); a failure says which attempt it was."""
     try:
-        return submit_step(request, worker, gpus)
-    except KilledWorker as err:
-        client = default_client()
-        failure = explain_death(client, err, request)
-        if stop_requested(client, request.trial.experiment_run_key or "") is not None:
-            failure.retryable = False
-        raise _counted(failure) from None
+        return run_step_explained(request, worker, gpus)
     except StepFailed as err:
         raise _counted(err) from None
 

@@ -42,6 +42,7 @@ from registry.experiment_view import (
 )
 from registry.run_records import STATE_TAG, TRIAL_TAG
 from registry.settings import RegistrySettings
+from registry.summary import BEST_TAG, BestTrial, log_best_tags
 from registry.tracking import client_for
 from registry.trial_states import CANCELED, COMPLETED, ERROR, STOPPED, trial_state
 
@@ -65,7 +66,6 @@ DIGITS = 4  # significant digits of every number the table shows
 MIN_PUBLISH_INTERVAL_S = 2.0
 PUBLISH_INTERVAL_PER_TRIAL_S = 0.01
 LIVE_REFRESH_S = 10.0  # while trials run, their rows are read again this often
-BEST_TAG = "det.best."  # registry.summary's tags of the winner, on the parent run
 
 ProgressOf = Callable[[str], TrialProgress]  # MLflow run id -> the trial's numbers
 NO_PROGRESS = TrialProgress(0, None, None, None, None, None)
@@ -329,18 +329,16 @@ class TrialTable:
         written = (best["trial_id"], best["metric"], best["step"], best["checkpoint"])
         if written == self._best_written:
             return
-        from mlflow.entities import RunTag
-
-        tags = {
-            f"{BEST_TAG}trial_id": str(best["trial_id"]),
-            f"{BEST_TAG}run_id": row.mlflow_run_id,
-            f"{BEST_TAG}step": str(best["step"]),
-            f"{BEST_TAG}{self.metric}": repr(best["metric"]),
-            **{f"{BEST_TAG}hp.{k}": str(v) for k, v in flatten_hparams(row.hparams).items()},
-        }
-        if best["checkpoint"]:
-            tags[f"{BEST_TAG}checkpoint"] = str(best["checkpoint"])
-        client.log_batch(self.parent_run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+        best_row = BestTrial(
+            run_id=row.mlflow_run_id,
+            trial_id=str(best["trial_id"]),
+            metric=self.metric,
+            value=best["metric"],
+            step=int(best["step"]),
+            hparams={k: str(v) for k, v in flatten_hparams(row.hparams).items()},
+            checkpoint_uri=str(best["checkpoint"]) if best["checkpoint"] else None,
+        )
+        log_best_tags(client, self.parent_run_id, best_row)
         self._best_written = written
 
 

@@ -4,7 +4,7 @@ their trials on (``DET_TASKS_DASK_SCHEDULER`` in the stack's env points flows at
 Workers are started with Dask's own CLI (``dask worker``), one step at a time each (their
 trials train on the host's cores shared out, ``DET_TASKS_WORKER_THREADS``), under a Nanny
 (it restarts a killed or recycled worker), importing torch, the harness and the MLflow/S3
-clients once at start (``--preload flows.workers``). ``worker_service`` also serves a worker
+clients once at start (``--preload cluster.held_trials``). ``worker_service`` also serves a worker
 on another machine: give it that machine's working directory and environment.
 """
 
@@ -75,17 +75,17 @@ def worker_service(
     """One worker process (one trial at a time) joined to ``scheduler``, running in
     ``workdir`` (its own folder, as on another host) with ``env`` added, its trials training
     on ``threads`` CPU threads; with ``gpus`` it sees only those GPUs and advertises them as
-    the Dask resource ``GPU`` (flows.devices)."""
+    the Dask resource ``GPU`` (cluster.devices)."""
     folder = workdir or root / name
     folder.mkdir(parents=True, exist_ok=True)
     own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
     argv = [
         sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
         "--name", name, "--nthreads", "1", "--nworkers", "1",
-        # No Dask memory limit: a worker past 80% of one is paused (see flows.engine).
+        # No Dask memory limit: a worker past 80% of one is paused (see cluster.startup).
         "--memory-limit", "0",
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
-        "--preload", "flows.workers",
+        "--preload", "cluster.held_trials",
         *(["--resources", f"GPU={len(gpus)}"] if gpus else []),
     ]  # fmt: skip
     return Service(

@@ -51,7 +51,7 @@ __all__ = [
     "up",
 ]
 
-SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by flows.engine
+SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by cluster.startup
 
 BUCKET = "det-tasks"
 ARTIFACTS_PREFIX = "mlflow-artifacts"

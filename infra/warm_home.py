@@ -81,7 +81,7 @@ def _worker_settings(home: Path) -> dict[str, str]:
 
 
 def _gpu_count() -> int:
-    from flows.devices import gpu_count
+    from cluster.devices import gpu_count
 
     return gpu_count()
 

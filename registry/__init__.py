@@ -1,7 +1,12 @@
 """MLflow and S3: the metrics sink, the checkpoint store, GC, model registry and URI resolution.
 
-The only package that imports mlflow and boto3; det_tasks reaches it only through the
-MetricsSink / CheckpointStore interfaces and the checkpoint-resolver entry points.
+Of the platform's packages, the one that talks to MLflow and S3 for trials and experiments
+(``infra.stack`` also uses boto3, to create the local stack's bucket; tests and benchmarks
+use both directly). det_tasks never imports this package: it reaches it through the entry
+points named in pyproject.toml (checkpoint resolvers, run services, batch-job services, the
+trial-id resolver and ``det-tasks`` subcommands) and the MetricsSink / CheckpointStore
+interfaces. ``registry.shared_database`` (creating a shared local database once) serves the
+flows' Prefect database too.
 """
 
 __all__: list[str] = []

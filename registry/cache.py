@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from det_tasks.checkpoint_format import METADATA_FILE, verify
+from det_tasks.checkpoints.format import METADATA_FILE, verify
 from det_tasks.errors import CheckpointError
 from registry.containment import ensure_contained
 from registry.s3 import Location, download_prefix, read_object

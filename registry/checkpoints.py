@@ -23,7 +23,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from det_tasks.checkpoint_format import METADATA_FILE, read_json, seal, verify
+from det_tasks.checkpoints.format import METADATA_FILE, read_json, seal, verify
 from det_tasks.errors import CheckpointError
 from registry import run_records
 from registry.cache import fetch_checkpoint

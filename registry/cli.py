@@ -23,12 +23,15 @@ __all__ = [
     "experiment_parent",
     "print_checkpoints",
     "print_models",
+    "print_table",
     "ranked_checkpoints",
     "register",
     "register_checkpoint_version",
     "set_experiment_description",
     "set_experiment_label",
     "set_experiment_name",
+    "tracking_client_from_env",
+    "tracking_reader_from_env",
     "trial_hparams",
 ]
 
@@ -42,13 +45,13 @@ def _tracking_uri() -> str:
     return settings.tracking_uri
 
 
-def _client() -> Any:
+def tracking_client_from_env() -> Any:
     from registry.tracking import client_for
 
     return client_for(_tracking_uri())
 
 
-def _reader() -> Any:
+def tracking_reader_from_env() -> Any:
     """For commands that only read: MLflow's REST API over the standard library when the
     server allows (registry.mlflow_rest: no MLflow import), else MLflow's client."""
     from registry.mlflow_rest import reader_for
@@ -74,10 +77,10 @@ def end_orphans_seen(reader: Any) -> list[str]:
         return []
     from registry.run_states import end_orphans
 
-    return end_orphans(_client(), gone)
+    return end_orphans(tracking_client_from_env(), gone)
 
 
-def _table(rows: list[list[Any]], header: list[str]) -> None:
+def print_table(rows: list[list[Any]], header: list[str]) -> None:
     cells = [header] + [[("" if c is None else str(c)) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     for i, row in enumerate(cells):
@@ -87,7 +90,7 @@ def _table(rows: list[list[Any]], header: list[str]) -> None:
 
 
 def cmd_experiments(args: argparse.Namespace) -> int:
-    client = _client()
+    client = tracking_client_from_env()
     rows = []
     for exp in client.search_experiments():
         if exp.name == "Default":
@@ -95,7 +98,7 @@ def cmd_experiments(args: argparse.Namespace) -> int:
         runs = client.search_runs([exp.experiment_id], max_results=1000)
         trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
         rows.append([exp.experiment_id, exp.name, len(trials)])
-    _table(rows, ["id", "name", "trials"])
+    print_table(rows, ["id", "name", "trials"])
     return 0
 
 
@@ -111,7 +114,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             f"`checkpoints {args.experiment}` lists one experiment; to adopt Determined "
             "checkpoints use `checkpoints import DIR|s3://... --experiment NAME`"
         )
-    client = _client()
+    client = tracking_client_from_env()
     print_checkpoints(client, models_lib._parent_run(client, args.experiment))
     return 0
 
@@ -168,7 +171,7 @@ def print_checkpoints(
         ]
         for r in shown
     ]
-    _table(rows, ["trial", "batches", metric or "metric", "uuid", "uri"])
+    print_table(rows, ["trial", "batches", metric or "metric", "uuid", "uri"])
     return len(rows)
 
 
@@ -177,7 +180,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from registry.importer import import_checkpoints
     from registry.settings import RegistrySettings
 
-    client = _client()
+    client = tracking_client_from_env()
     imported = import_checkpoints(
         client,
         s3_lib.client(),
@@ -185,7 +188,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         args.into,
         artifacts_destination=RegistrySettings.from_env().artifacts_destination,
     )
-    _table(
+    print_table(
         [[i.source, i.trial_id, i.steps_completed, i.trial_cls_spec, i.uri] for i in imported],
         ["source", "trial", "batches", "trial class", "uri"],
     )
@@ -193,10 +196,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from registry.uris import _fetch
+    from registry.checkpoint_uris import fetch_checkpoint_uri
 
     dest = _new_destination(args.dest)
-    cached = _fetch(args.uri)  # a refused or missing source: nothing is made
+    cached = fetch_checkpoint_uri(args.uri)  # a refused or missing source: nothing is made
     _copy_into_place(cached, dest, args.dest)
     print(dest)
     return 0
@@ -235,7 +238,7 @@ def _copy_into_place(source: Path, dest: Path, shown: str) -> None:
 def cmd_register(args: argparse.Namespace) -> int:
     from registry import models as models_lib
 
-    client = _client()
+    client = tracking_client_from_env()
     best = models_lib.best_checkpoint(client, args.experiment)
     version = models_lib.register_checkpoint(client, args.name, best, args.alias)
     alias = f" (alias {args.alias})" if args.alias else ""
@@ -249,13 +252,13 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_alias(args: argparse.Namespace) -> int:
     from registry import models as models_lib
 
-    models_lib.set_alias(_client(), args.name, args.alias, args.version)
+    models_lib.set_alias(tracking_client_from_env(), args.name, args.alias, args.version)
     print(f"models:/{args.name}@{args.alias} -> version {args.version}")
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    print_models(_client())
+    print_models(tracking_client_from_env())
     return 0
 
 
@@ -279,7 +282,7 @@ def print_models(client: Any, name: str | None = None) -> None:
             rows.append(
                 [model.name, version.version, aliases.get(version.version, ""), version.source]
             )
-    _table(rows, ["name", "version", "alias", "source"])
+    print_table(rows, ["name", "version", "alias", "source"])
 
 
 def create_model(client: Any, name: str, description: str | None) -> None:
@@ -342,9 +345,9 @@ def trial_hparams(client: Any, run_id: str) -> dict[str, str]:
 def cmd_gc(args: argparse.Namespace) -> int:
     from registry import models as models_lib
     from registry import s3 as s3_lib
-    from registry.gc import collect_experiment_garbage
+    from registry.experiment_gc import collect_experiment_garbage
 
-    client = _client()
+    client = tracking_client_from_env()
     parent = models_lib._parent_run(client, args.experiment)
     result = collect_experiment_garbage(
         client, s3_lib.client(), parent, models_lib.trial_runs(client, parent)

@@ -2,7 +2,7 @@
 
 A migrating team points it at Determined checkpoint directories (local, or ``s3://``
 prefixes of their old checkpoint storage) that they have reviewed. Each one is read
-safely first (the allow-listed unpickler of det_tasks.safe_unpickle; its code is never
+safely first (the allow-listed unpickler of det_tasks.checkpoints.safe_unpickle; its code is never
 imported), completed where its Determined version left things out (``load_data.json``
 with the trial class, from the config's entrypoint), sealed and signed with this
 installation's key (so ``load_trial_from_checkpoint_path`` will rebuild its trial without
@@ -25,10 +25,10 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from det_tasks import checkpoint_format as ckpt
-from det_tasks.checkpoint_spec import read_load_data, trial_class_spec
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.safe_unpickle import load_pickle
+from det_tasks.checkpoints.trial_class import read_load_data, trial_class_spec
 from det_tasks.errors import CheckpointError
-from det_tasks.safe_unpickle import load_pickle
 from registry.checkpoints import record_checkpoint, run_checkpoint_location
 from registry.s3 import download_prefix, parse_location, upload_dir
 from registry.tracking import ExperimentRuns

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import botocore.exceptions
 
+from det_tasks.checkpoints.model_package import PackedModel, unpack_model_package
 from det_tasks.errors import DetTasksError
-from det_tasks.packaging import PackedModel, unpack_model_package
 from registry import s3 as s3_lib
 from registry.settings import RegistrySettings
 

@@ -169,25 +169,7 @@ def interactive_figure(
         )
     color_of = dict(zip((c.label for c in curves), colors, strict=True))
     for row, name in enumerate(names, start=2):
-        scored = [
-            (c, best(v for v in c.values if math.isfinite(v)))
-            for c in curves
-            if any(math.isfinite(v) for v in c.values)
-        ]
-        fig.add_trace(
-            go.Scatter(
-                x=[_number(c.hparams.get(name, "")) for c, _ in scored],
-                y=[value for _, value in scored],
-                mode="markers",
-                marker={"color": [color_of[c.label] for c, _ in scored], "size": 9},
-                text=[c.label for c, _ in scored],
-                name=name,
-                showlegend=False,
-            ),
-            row=row,
-            col=1,
-        )
-        fig.update_xaxes(title_text=name, type="log" if name in logs else None, row=row, col=1)
+        _add_best_against(fig, row, name, curves, best, color_of, log_axis=name in logs)
         fig.update_yaxes(title_text=f"best validation {metric}", row=row, col=1)
     fig.update_xaxes(title_text="batches trained", row=1, col=1)
     fig.update_yaxes(title_text=f"validation {metric}", row=1, col=1)
@@ -196,6 +178,39 @@ def interactive_figure(
         title_text=f"{metric} per trial, and against each hyperparameter the search varied",
     )
     return fig
+
+
+def _add_best_against(
+    fig: Any,
+    row: int,
+    name: str,
+    curves: list[TrialCurve],
+    best: Any,
+    color_of: dict[str, str],
+    log_axis: bool,
+) -> None:
+    """Row ``row``: each trial's best metric against hyperparameter ``name``."""
+    import plotly.graph_objects as go
+
+    scored = [
+        (c, best(v for v in c.values if math.isfinite(v)))
+        for c in curves
+        if any(math.isfinite(v) for v in c.values)
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=[_number(c.hparams.get(name, "")) for c, _ in scored],
+            y=[value for _, value in scored],
+            mode="markers",
+            marker={"color": [color_of[c.label] for c, _ in scored], "size": 9},
+            text=[c.label for c, _ in scored],
+            name=name,
+            showlegend=False,
+        ),
+        row=row,
+        col=1,
+    )
+    fig.update_xaxes(title_text=name, type="log" if log_axis else None, row=row, col=1)
 
 
 def trial_colors(count: int) -> list[str]:

@@ -28,8 +28,8 @@ from registry.tracking import (
     PARENT_TAG,
     STATE_TAG,
     TRIAL_TAG,
-    _retry,
     client_for,
+    retry_mlflow,
 )
 
 __all__ = [
@@ -96,7 +96,7 @@ def end_running_runs(
         if run.info.status != "RUNNING":
             continue
         client.set_tag(run_id, STATE_TAG, state)
-        _retry(lambda rid=run_id: client.set_terminated(rid, status=status))
+        retry_mlflow(lambda rid=run_id: client.set_terminated(rid, status=status))
         ended += 1
     return ended
 

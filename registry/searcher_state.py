@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from registry.large_tags import load_large_tag, save_large_tag
-from registry.tracking import _retry
+from registry.tracking import retry_mlflow
 
 __all__ = ["STATE_TAG", "load_searcher_state", "save_searcher_state"]
 
@@ -23,7 +23,9 @@ STATE_TAG = "det.searcher_state"
 def save_searcher_state(client: Any, run_id: str, state: dict[str, Any]) -> None:
     """Write ``state`` on ``run_id`` (replacing what was there) in one batch of tags."""
     text = json.dumps(state, separators=(",", ":"))
-    _retry(lambda: save_large_tag(client, run_id, STATE_TAG, text, "lower searcher.max_trials"))
+    retry_mlflow(
+        lambda: save_large_tag(client, run_id, STATE_TAG, text, "lower searcher.max_trials")
+    )
 
 
 def load_searcher_state(tags: dict[str, str]) -> dict[str, Any] | None:

@@ -13,7 +13,14 @@ from mlflow.tracking import MlflowClient
 
 from registry.tracking import TRIAL_TAG
 
-__all__ = ["BEST_TAG", "BestTrial", "best_trial", "log_best_trial"]
+__all__ = [
+    "BEST_TAG",
+    "BestTrial",
+    "best_trial",
+    "best_trial_tags",
+    "log_best_tags",
+    "log_best_trial",
+]
 
 BEST_TAG = "det.best."
 
@@ -59,9 +66,9 @@ def best_trial(
     )
 
 
-def log_best_trial(client: MlflowClient, parent_run_id: str, best: BestTrial) -> None:
-    """Tags ``det.best.*`` (trial, run, step, checkpoint, ``hp.<name>``) and the metric
-    ``validation/<metric>`` at the best step, so the parent row shares the trials' column."""
+def best_trial_tags(best: BestTrial) -> dict[str, str]:
+    """The parent run's ``det.best.*`` tags for ``best``: trial, run, step, the metric's
+    value, ``hp.<name>`` and its checkpoint."""
     tags = {
         f"{BEST_TAG}trial_id": best.trial_id,
         f"{BEST_TAG}run_id": best.run_id,
@@ -71,6 +78,19 @@ def log_best_trial(client: MlflowClient, parent_run_id: str, best: BestTrial) ->
     }
     if best.checkpoint_uri:
         tags[f"{BEST_TAG}checkpoint"] = best.checkpoint_uri
+    return tags
+
+
+def log_best_tags(client: MlflowClient, parent_run_id: str, best: BestTrial) -> None:
+    """Only the ``det.best.*`` tags (the live trials table, while the experiment runs)."""
+    tags = best_trial_tags(best)
+    client.log_batch(parent_run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+
+
+def log_best_trial(client: MlflowClient, parent_run_id: str, best: BestTrial) -> None:
+    """The ``det.best.*`` tags and the metric ``validation/<metric>`` at the best step, so
+    the parent row shares the trials' column."""
+    tags = best_trial_tags(best)
     metric = Metric(f"validation/{best.metric}", best.value, int(time.time() * 1000), best.step)
     client.log_batch(
         parent_run_id, metrics=[metric], tags=[RunTag(k, v[:5000]) for k, v in tags.items()]

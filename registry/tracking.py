@@ -19,11 +19,11 @@ from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
 from det_tasks.errors import ConfigError
-from det_tasks.first_use import create_once
 from det_tasks.folder_names import folder_name, folder_under
 from registry.containment import key_within, normalised_key
 from registry.large_tags import large_tag, load_large_tag
 from registry.settings import RegistrySettings
+from registry.shared_database import create_once
 from registry.trial_states import COMPLETED, run_status
 from registry.trials_view import (
     TRIALS_VIEW_KEY,
@@ -50,6 +50,7 @@ __all__ = [
     "import_tracking_store",
     "mlflow_link",
     "report_link",
+    "retry_mlflow",
 ]
 
 TRIAL_TAG = "det.trial_id"
@@ -167,7 +168,7 @@ def _as_text(params: dict[str, Any]) -> dict[str, str]:
 def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     batch = [Param(k, v) for k, v in params.items()]
     for start in range(0, len(batch), 100):
-        _retry(
+        retry_mlflow(
             lambda chunk=batch[start : start + 100]: client.log_batch(  # type: ignore[misc]
                 run_id, params=chunk
             )
@@ -254,7 +255,7 @@ class ExperimentRuns:
         if state is not None:
             status = run_status(state, status)
             self.client.set_tag(run_id, STATE_TAG, state)
-        _retry(lambda: self.client.set_terminated(run_id, status=status))
+        retry_mlflow(lambda: self.client.set_terminated(run_id, status=status))
 
     def reopen(self, run_id: str) -> bool:
         """Mark a run that ended (a paused, promoted or activated trial, an activated
@@ -262,7 +263,7 @@ class ExperimentRuns:
         run = self.client.get_run(run_id)
         if run.info.status == "RUNNING":
             return False
-        _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+        retry_mlflow(lambda: self.client.update_run(run_id, status="RUNNING"))
         self.client.set_tag(run_id, STATE_TAG, "ACTIVE")
         return True
 
@@ -399,7 +400,9 @@ def _tag_experiment(client: MlflowClient, experiment: Any, tags: dict[str, str])
             client.set_experiment_tag(experiment.experiment_id, key, value)
 
 
-def _retry(fn: Any, attempts: int = 5) -> Any:
+def retry_mlflow(fn: Any, attempts: int = 5) -> Any:
+    """``fn()``, retried with backoff on MlflowException: a busy SQLite store refuses a
+    write now and then, and a run's state must still be written."""
     for attempt in range(attempts):
         try:
             return fn()

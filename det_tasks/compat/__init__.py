@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from det_tasks.pytorch import _load
+from det_tasks import pytorch
 
 __all__ = ["install", "is_installed", "load_trial_from_checkpoint_path"]
 
@@ -79,7 +79,7 @@ def load_trial_from_checkpoint_path(
 ) -> Any:
     """``det_tasks.pytorch.load_trial_from_checkpoint_path`` for checkpoints whose code
     imports ``determined``: the alias is installed before that code is imported."""
-    return _load.load_trial_from_checkpoint_path(
+    return pytorch.load_trial_from_checkpoint_path(
         path,
         trial_class=trial_class,
         trial_kwargs=trial_kwargs,

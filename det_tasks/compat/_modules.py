@@ -6,7 +6,7 @@ import importlib.machinery
 import types
 from typing import Any
 
-from det_tasks import launch, pytorch
+from det_tasks import cluster_info, pytorch, run_services
 from det_tasks.compat import _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
@@ -21,7 +21,7 @@ class TorchWriter:
 
     def __init__(self, log_dir: str | None = None) -> None:
         if log_dir is None:
-            provided = launch.current_services()
+            provided = run_services.current_services()
             log_dir = (provided.tensorboard_dir if provided else None) or "runs/tensorboard"
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -76,9 +76,9 @@ def build() -> dict[str, types.ModuleType]:
         LegacyTrial=pytorch.PyTorchTrial,
         Trial=pytorch.PyTorchTrial,
         InvalidHP=InvalidHP,
-        get_cluster_info=launch.get_cluster_info,
-        ClusterInfo=launch.ClusterInfo,
-        TrialInfo=launch.TrialInfo,
+        get_cluster_info=cluster_info.get_cluster_info,
+        ClusterInfo=cluster_info.ClusterInfo,
+        TrialInfo=cluster_info.TrialInfo,
         LOG_FORMAT=_names.LOG_FORMAT,
         Batches=Batch,
         Epochs=Epoch,

@@ -79,7 +79,7 @@ class SearcherConfig(_Strict):
     max_rungs: int = Field(default=5, ge=1)
     bracket_rungs: list[int] | None = None
     stop_once: bool = False
-    # optuna (model-based search; flows/optuna_search.py): the pruner validates at ASHA's
+    # optuna (model-based search; searchers/optuna_search.py): the pruner validates at ASHA's
     # rung lengths, from max_length, divisor and max_rungs.
     sampler: Literal["tpe", "cmaes", "gp", "random", "qmc"] = "tpe"
     pruner: Literal["none", "asha", "hyperband", "median"] = "asha"

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from det_tasks.config.loader import _describe, parse_yaml_text
+from det_tasks.config.loader import describe_validation_error, parse_yaml_text
 from det_tasks.errors import ConfigError
 
 __all__ = ["BATCH_INFERENCE_DATA_KEYS", "JobConfig", "load_job_config"]
@@ -81,4 +81,4 @@ def load_job_config(path: str | Path) -> tuple[dict[str, Any], JobConfig]:
     try:
         return raw, JobConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_describe(err, raw, source)) from None
+        raise ConfigError(describe_validation_error(err, raw, source)) from None

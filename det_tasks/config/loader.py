@@ -25,6 +25,7 @@ from det_tasks.errors import ConfigError
 
 __all__ = [
     "apply_overrides",
+    "describe_validation_error",
     "load_config",
     "parse_config",
     "parse_with_overrides",
@@ -215,7 +216,7 @@ def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
     try:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_describe(err, raw, source)) from None
+        raise ConfigError(describe_validation_error(err, raw, source)) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     return config
@@ -260,7 +261,9 @@ def _translate_deprecated(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return raw
 
 
-def _describe(err: ValidationError, raw: dict[str, Any], source: str) -> str:
+def describe_validation_error(err: ValidationError, raw: dict[str, Any], source: str) -> str:
+    """A pydantic error as our one-paragraph message: field, value, fix (the job config's
+    loader words its errors the same way)."""
     lines = []
     for item in err.errors()[:5]:
         loc = [p for p in item["loc"] if not _is_union_tag(p)]

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import CheckpointError
-from det_tasks.storage import CheckpointStore
 
 __all__ = ["CheckpointWriter", "CheckpointFiles", "snapshot"]
 

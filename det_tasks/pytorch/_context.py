@@ -21,12 +21,12 @@ from det_tasks.pytorch import _amp, _parallel
 from det_tasks.pytorch._data import to_device
 from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._nonfinite import NonFiniteGuard
-from det_tasks.pytorch._reducer import MetricReducer, _FunctionReducer, to_python
+from det_tasks.pytorch._reducer import FunctionReducer, MetricReducer, to_python
 from det_tasks.pytorch._trainer_api import TrainerAPIMixin
 
 if TYPE_CHECKING:
+    from det_tasks.checkpoints.store import CheckpointStore
     from det_tasks.sinks import MetricsSink
-    from det_tasks.storage import CheckpointStore
 
 __all__ = ["PyTorchExperimentalContext", "PyTorchTrialContext", "TrialSettings"]
 
@@ -91,7 +91,7 @@ class PyTorchExperimentalContext:
                 raise TypeError(
                     f"wrap_reducer takes a function or a MetricReducer, got {reducer!r}"
                 )
-            reducer = _FunctionReducer(reducer)
+            reducer = FunctionReducer(reducer)
         if not (for_training or for_validation):
             raise ValueError("wrap_reducer: for_training and for_validation are both False")
         self._reducers.append((reducer, name, for_training, for_validation))
@@ -168,6 +168,13 @@ class PyTorchTrialContext(TrainerAPIMixin):
         self._nonfinite = NonFiniteGuard(
             settings.nonfinite_loss, self.device, self.distributed.size
         )
+
+    def __enter__(self) -> PyTorchTrialContext:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # After an error, do not wait at a barrier the failed ranks will never reach.
+        self._close(clean=exc_type is None)
 
     # ---- configuration and hyperparameters -------------------------------------------
     @property

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
-from det_tasks import checkpoint_format as ckpt
 from det_tasks import plugins
-from det_tasks.checkpoint_spec import read_load_data, trial_class_spec
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.references import open_checkpoint_uri, scheme_of
+from det_tasks.checkpoints.trial_class import read_load_data, trial_class_spec
+from det_tasks.checkpoints.trust import is_signed_here, trusted_schemes
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._context import (
     PyTorchExperimentalContext,
@@ -27,10 +29,8 @@ from det_tasks.pytorch._context import (
     TrialSettings,
 )
 from det_tasks.pytorch._legacy import adapt_trial
-from det_tasks.trust import is_signed_here, trusted_schemes
-from det_tasks.uris import open_checkpoint_uri, scheme_of
 
-__all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
+__all__ = ["CheckpointLoadContext", "check_code_trusted", "load_trial_from_checkpoint_path"]
 
 
 class CheckpointLoadContext(PyTorchTrialContext):
@@ -89,7 +89,7 @@ def load_trial_from_checkpoint_path(
     checkpoint's ``code/``; ``hparams`` default to the ones the checkpoint was trained with.
     Importing that code runs it, so it needs a checkpoint this installation wrote, a
     ``runs:/``/``models:/`` reference (the allow-listed registry), or ``trust_code=True``
-    (see det_tasks.trust). ``prepare_imports`` runs just before that code is imported:
+    (see det_tasks.checkpoints.trust). ``prepare_imports`` runs just before that code is imported:
     ``det_tasks.compat`` passes its install step, so code that imports ``determined`` finds
     it (this package never imports the compatibility layer, which is built from it).
     """
@@ -99,7 +99,7 @@ def load_trial_from_checkpoint_path(
         state = ckpt.read_state(directory, torch_load_kwargs)
         if trial_class is None:
             consent = trust_code or _weights_only_off(torch_load_kwargs)
-            _check_code_trusted(str(path), directory, metadata, consent)
+            check_code_trusted(str(path), directory, metadata, consent)
             if not trust_code and not _code_trusted(str(path), directory, metadata):
                 warnings.warn(
                     f"load_trial_from_checkpoint_path({str(path)!r}): weights_only=False "
@@ -150,9 +150,12 @@ def _code_trusted(reference: str, directory: Path, metadata: dict[str, Any]) -> 
     return scheme_of(reference) in trusted_schemes() or is_signed_here(directory, metadata)
 
 
-def _check_code_trusted(
+def check_code_trusted(
     reference: str, directory: Path, metadata: dict[str, Any], trust_code: bool
 ) -> None:
+    """Refuse to import a checkpoint's ``code/`` unless it may run here (signed by this
+    installation, from an allow-listed registry scheme, or ``trust_code``): batch inference
+    asks the same before it imports a checkpoint's dataset code."""
     if trust_code or _code_trusted(reference, directory, metadata):
         return
     raise CheckpointError(

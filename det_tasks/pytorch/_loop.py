@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from det_tasks import __version__
-from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.errors import CheckpointError, TrialError
 from det_tasks.pytorch import _parallel
 from det_tasks.pytorch._callback import PyTorchCallback, adapt_legacy_signatures
@@ -40,7 +41,6 @@ from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
 from det_tasks.sinks import MetricsSink
-from det_tasks.storage import CheckpointStore
 
 __all__ = ["FitOptions", "TrialController"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from det_tasks.errors import TrialError
 
-__all__ = ["MetricReducer", "Reducer", "reduce_batch_metrics", "to_python"]
+__all__ = ["FunctionReducer", "MetricReducer", "Reducer", "reduce_batch_metrics", "to_python"]
 
 
 class Reducer(enum.Enum):
@@ -44,7 +44,7 @@ class MetricReducer(abc.ABC):
         """Combine every slot's summary into the final metric (or dict of metrics)."""
 
 
-class _FunctionReducer(MetricReducer):
+class FunctionReducer(MetricReducer):
     """Adapts a ``fn(values: list) -> metric`` into a MetricReducer with ``update()``."""
 
     def __init__(self, fn: Callable[[list[Any]], Any]) -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.references import open_checkpoint_uri, scheme_of
+from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
-from det_tasks.storage import CheckpointStore
-from det_tasks.uris import open_checkpoint_uri, scheme_of
 
 __all__ = ["load_state", "open_checkpoint", "overridden"]
 

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from det_tasks import launch
+from det_tasks import cluster_info, run_services
+from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.config.experiment import ExperimentConfig, Length
 from det_tasks.config.horovod import horovod_tuning_env
 from det_tasks.config.hyperparameters import sample_hparams
+from det_tasks.config.lengths import in_batches_or_epochs
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
@@ -31,9 +33,16 @@ from det_tasks.pytorch._profiler import ProfilerSettings
 from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
 from det_tasks.pytorch._warm_start import warm_start_reference
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
-from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
-__all__ = ["FitResult", "Trainer", "init", "length_to_unit", "store_from_config"]
+__all__ = [
+    "FitResult",
+    "Trainer",
+    "detect_distributed",
+    "init",
+    "length_to_unit",
+    "store_from_config",
+    "trial_controller",
+]
 
 _POLICIES = ("best", "all", "none")
 
@@ -56,44 +65,25 @@ def init(
     """A PyTorchTrialContext for local or launched training; also usable as ``with init():``.
 
     ``aggregation_frequency`` and ``seed`` default to the experiment config's values
-    (``optimizations.aggregation_frequency``, ``reproducibility.experiment_seed``).
-    """
-    provided = launch.current_services()
-    tensorboard_path = None
+    (``optimizations.aggregation_frequency``, ``reproducibility.experiment_seed``)."""
+    provided = run_services.current_services()
     if provided is not None:
         metrics_sink = metrics_sink or provided.metrics_sink
         checkpoint_store = checkpoint_store or provided.checkpoint_store
-        tensorboard_path = Path(provided.tensorboard_dir) if provided.tensorboard_dir else None
-    info = launch.get_cluster_info()
+    tensorboard_dir = provided.tensorboard_dir if provided is not None else None
+    info = cluster_info.get_cluster_info()
     if info is not None:
         exp_conf = exp_conf if exp_conf is not None else info.trial.config
         hparams = hparams if hparams is not None else info.trial.hparams
         seed = seed if seed is not None else info.trial.trial_seed
         trial_id, experiment_id = info.trial.trial_id, info.trial.experiment_id
-        if model_dir is None and info.model_dir:
-            model_dir = info.model_dir
+        model_dir = model_dir if model_dir is not None else (info.model_dir or None)
         if checkpoint_store is None:
             checkpoint_store = LocalDirectoryStore(info.checkpoint_dir)
     conf = dict(exp_conf or {})
     optimizations = conf.get("optimizations") or {}
-    conf_agg = optimizations.get("aggregation_frequency")
-    if (
-        aggregation_frequency is not None
-        and conf_agg is not None
-        and aggregation_frequency != conf_agg
-    ):
-        raise ConfigError(
-            f"aggregation_frequency={aggregation_frequency} was passed to init() but the "
-            f"experiment config says optimizations.aggregation_frequency={conf_agg}; give one"
-        )
-    agg = aggregation_frequency if aggregation_frequency is not None else (conf_agg or 1)
-    if isinstance(agg, bool) or not isinstance(agg, int) or agg < 1:
-        raise ConfigError(f"aggregation_frequency must be an int >= 1, got {agg!r}")
-    if seed is None:
-        seed = int((conf.get("reproducibility") or {}).get("experiment_seed", 0))
-    if hparams is None:
-        hparams = _hparams_from_config(conf, seed)
-    _seed_everything(seed)
+    agg = _aggregation_frequency(aggregation_frequency, optimizations)
+    seed, hparams = _seeded(conf, seed, hparams)
     settings = TrialSettings(
         hparams=dict(hparams),
         exp_conf=conf or None,
@@ -106,17 +96,44 @@ def init(
         device=device,
         model_dir=Path(model_dir) if model_dir is not None else None,
         enable_tensorboard_logging=enable_tensorboard_logging,
-        tensorboard_path=tensorboard_path,
+        tensorboard_path=Path(tensorboard_dir) if tensorboard_dir else None,
         nonfinite_loss=str(optimizations.get("nonfinite_loss", "warn")),
     )
     return PyTorchTrialContext(
         settings,
-        distributed or _detect_distributed(optimizations),
+        distributed or detect_distributed(optimizations),
         metrics_sink=metrics_sink or InMemoryMetricsSink(),
         checkpoint_store=checkpoint_store,
         trainer=Trainer,
         checkpoint_loader=load_trial_from_checkpoint_path,
     )
+
+
+def _aggregation_frequency(passed: int | None, optimizations: dict[str, Any]) -> int:
+    """init()'s ``aggregation_frequency``, else the config's; both given must agree."""
+    conf_agg = optimizations.get("aggregation_frequency")
+    if passed is not None and conf_agg is not None and passed != conf_agg:
+        raise ConfigError(
+            f"aggregation_frequency={passed} was passed to init() but the "
+            f"experiment config says optimizations.aggregation_frequency={conf_agg}; give one"
+        )
+    agg = passed if passed is not None else (conf_agg or 1)
+    if isinstance(agg, bool) or not isinstance(agg, int) or agg < 1:
+        raise ConfigError(f"aggregation_frequency must be an int >= 1, got {agg!r}")
+    return agg
+
+
+def _seeded(
+    conf: dict[str, Any], seed: int | None, hparams: dict[str, Any] | None
+) -> tuple[int, dict[str, Any]]:
+    """The trial's seed (the config's experiment_seed when not given) and hparams (sampled
+    from the config with it when not given), after seeding Python, numpy and torch."""
+    if seed is None:
+        seed = int((conf.get("reproducibility") or {}).get("experiment_seed", 0))
+    if hparams is None:
+        hparams = _hparams_from_config(conf, seed)
+    _seed_everything(seed)
+    return seed, hparams
 
 
 def _hparams_from_config(conf: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -138,7 +155,7 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _detect_distributed(optimizations: dict[str, Any]) -> DistributedContext:
+def detect_distributed(optimizations: dict[str, Any]) -> DistributedContext:
     """torchrun and horovodrun describe the worker group in the environment."""
     if int(os.environ.get("HOROVOD_SIZE", "1")) > 1:
         for name, value in horovod_tuning_env(optimizations).items():
@@ -176,15 +193,13 @@ def store_from_config(exp_conf: dict[str, Any] | None) -> CheckpointStore:
     )
 
 
-def length_to_unit(length: Length, global_batch_size: int | None) -> TrainUnit:
-    """A config Length ({batches|epochs|records: N}) as a Batch or Epoch unit."""
-    if length.unit == "batches":
-        return Batch(length.value)
-    if length.unit == "epochs":
-        return Epoch(length.value)
-    if not global_batch_size:
-        raise ConfigError("a length in records needs hyperparameters.global_batch_size")
-    return Batch(max(length.value // global_batch_size, 1))
+def length_to_unit(
+    length: Length, global_batch_size: int | None, records_per_epoch: int | None = None
+) -> TrainUnit:
+    """A config Length as the Batch or Epoch the loop counts, by the one rule in
+    det_tasks.config.lengths (records_per_epoch turns epochs into batches)."""
+    counted = in_batches_or_epochs(length, global_batch_size, records_per_epoch)
+    return Epoch(counted.value) if counted.unit == "epochs" else Batch(counted.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +255,8 @@ class Trainer:
         reported at the end) unless ``configure_profiler`` or the config's ``profiling``
         section chose a window.
         """
-        controller = self._controller(
+        controller = trial_controller(
+            self,
             checkpoint_period=checkpoint_period,
             validation_period=validation_period,
             max_length=max_length,
@@ -262,97 +278,98 @@ class Trainer:
             best_metric=controller.best_metric,
         )
 
-    def _controller(
-        self,
-        checkpoint_period: TrainUnit | None = None,
-        validation_period: TrainUnit | None = None,
-        max_length: TrainUnit | None = None,
-        reporting_period: TrainUnit = Batch(100),  # noqa: B008 - immutable, as Determined
-        checkpoint_policy: str = "best",
-        latest_checkpoint: str | None = None,
-        step_zero_validation: bool = False,
-        test_mode: bool = False,
-        profiling_enabled: bool = False,
-    ) -> TrialController:
-        """fit()'s arguments checked into the loop that runs them; a held trial
-        (det_tasks.runner.held) drives it step by step instead of calling run()."""
-        ctx = self._context
-        conf = ctx._settings.exp_conf or {}
-        searcher = conf.get("searcher") or {}
-        info = launch.get_cluster_info()
-        if info is not None and info.test_mode:
-            test_mode = True  # `det-tasks run --test` of a script
-        options = FitOptions(
-            max_length=self._resolve_max_length(max_length, conf, info),
-            checkpoint_period=_unit_or_none("checkpoint_period", checkpoint_period),
-            validation_period=_unit_or_none("validation_period", validation_period),
-            reporting_period=_unit_or_none("reporting_period", reporting_period) or Batch(100),
-            checkpoint_policy=_check_policy(checkpoint_policy),
-            latest_checkpoint=latest_checkpoint,
-            step_zero_validation=bool(step_zero_validation),
-            test_mode=bool(test_mode),
-            searcher_metric=searcher.get("metric"),
-            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            profiling=self._profiling
-            or _profiling_from_config(conf)
-            or (ProfilerSettings(enabled=True) if profiling_enabled else None),
+
+def trial_controller(
+    trainer: Trainer,
+    checkpoint_period: TrainUnit | None = None,
+    validation_period: TrainUnit | None = None,
+    max_length: TrainUnit | None = None,
+    reporting_period: TrainUnit = Batch(100),  # noqa: B008 - immutable, as Determined
+    checkpoint_policy: str = "best",
+    latest_checkpoint: str | None = None,
+    step_zero_validation: bool = False,
+    test_mode: bool = False,
+    profiling_enabled: bool = False,
+) -> TrialController:
+    """``trainer.fit()``'s arguments checked into the loop that runs them: fit() runs it to
+    the end; a held trial (det_tasks.runner.held) drives it step by step instead."""
+    ctx = trainer._context
+    conf = ctx._settings.exp_conf or {}
+    searcher = conf.get("searcher") or {}
+    info = cluster_info.get_cluster_info()
+    if info is not None and info.test_mode:
+        test_mode = True  # `det-tasks run --test` of a script
+    options = FitOptions(
+        max_length=_resolve_max_length(max_length, conf, info),
+        checkpoint_period=_unit_or_none("checkpoint_period", checkpoint_period),
+        validation_period=_unit_or_none("validation_period", validation_period),
+        reporting_period=_unit_or_none("reporting_period", reporting_period) or Batch(100),
+        checkpoint_policy=_check_policy(checkpoint_policy),
+        latest_checkpoint=latest_checkpoint,
+        step_zero_validation=bool(step_zero_validation),
+        test_mode=bool(test_mode),
+        searcher_metric=searcher.get("metric"),
+        smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+        profiling=trainer._profiling
+        or _profiling_from_config(conf)
+        or (ProfilerSettings(enabled=True) if profiling_enabled else None),
+    )
+    if options.checkpoint_policy == "best" and options.searcher_metric is None:
+        warnings.warn(
+            "checkpoint_policy='best' needs searcher.metric in the experiment config to "
+            "rank validations; without it no checkpoint is taken after validation (only "
+            "at checkpoint_period and at the end). Pass exp_conf with searcher.metric, or "
+            "use checkpoint_policy='all'",
+            UserWarning,
+            stacklevel=3,
         )
-        if options.checkpoint_policy == "best" and options.searcher_metric is None:
+    store = ctx._checkpoint_store or store_from_config(conf)
+    ctx._checkpoint_store = store
+    if latest_checkpoint is None and not ctx._warm_started:
+        # Once per trial: a later fit() on the same context continues, not restarts.
+        options = dataclasses.replace(options, warm_start=warm_start_reference(conf, store))
+        ctx._warm_started = True
+    sink = ctx._metrics_sink or InMemoryMetricsSink()
+    return TrialController(trainer._trial, ctx, options, sink, store)
+
+
+def _resolve_max_length(
+    max_length: TrainUnit | None, conf: dict[str, Any], info: cluster_info.ClusterInfo | None
+) -> TrainUnit:
+    if max_length is not None:
+        unit = _unit_or_none("max_length", max_length)
+        assert unit is not None
+        if not isinstance(unit.value, int):
+            raise ValueError(f"max_length must be a single count, got {unit!r}")
+    governing = _searcher_length(info)
+    if governing is not None:
+        # Under a searcher (`det-tasks run`, a flow's segment, an ASHA rung) its length
+        # governs, as Determined ignores max_length on a cluster.
+        if max_length is not None and max_length != governing:
             warnings.warn(
-                "checkpoint_policy='best' needs searcher.metric in the experiment config to "
-                "rank validations; without it no checkpoint is taken after validation (only "
-                "at checkpoint_period and at the end). Pass exp_conf with searcher.metric, or "
-                "use checkpoint_policy='all'",
+                f"fit(max_length={max_length!r}) is overridden by the searcher's length "
+                f"{governing!r} (searcher.max_length, an ASHA rung or --max-batches)",
                 UserWarning,
                 stacklevel=3,
             )
-        store = ctx._checkpoint_store or store_from_config(conf)
-        ctx._checkpoint_store = store
-        if latest_checkpoint is None and not ctx._warm_started:
-            # Once per trial: a later fit() on the same context continues, not restarts.
-            options = dataclasses.replace(options, warm_start=warm_start_reference(conf, store))
-            ctx._warm_started = True
-        sink = ctx._metrics_sink or InMemoryMetricsSink()
-        return TrialController(self._trial, ctx, options, sink, store)
-
-    @staticmethod
-    def _resolve_max_length(
-        max_length: TrainUnit | None, conf: dict[str, Any], info: launch.ClusterInfo | None
-    ) -> TrainUnit:
-        if max_length is not None:
-            unit = _unit_or_none("max_length", max_length)
-            assert unit is not None
-            if not isinstance(unit.value, int):
-                raise ValueError(f"max_length must be a single count, got {unit!r}")
-        governing = _searcher_length(info)
-        if governing is not None:
-            # Under a searcher (`det-tasks run`, a flow's segment, an ASHA rung) its length
-            # governs, as Determined ignores max_length on a cluster.
-            if max_length is not None and max_length != governing:
-                warnings.warn(
-                    f"fit(max_length={max_length!r}) is overridden by the searcher's length "
-                    f"{governing!r} (searcher.max_length, an ASHA rung or --max-batches)",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return governing
-        if max_length is not None:
-            return max_length
-        if conf.get("searcher"):
-            try:
-                config = ExperimentConfig.model_validate(conf)
-            except Exception as err:
-                raise ConfigError(f"exp_conf is not a valid experiment config: {err}") from None
-        if conf.get("searcher") and config.has_max_length:
-            gbs = conf.get("hyperparameters", {}).get("global_batch_size")
-            return length_to_unit(config.max_length, gbs if isinstance(gbs, int) else None)
-        raise ValueError(
-            "fit() needs max_length for local training, e.g. max_length=pytorch.Epoch(1) or "
-            "pytorch.Batch(1000) (or pass exp_conf with searcher.max_length to init())"
-        )
+        return governing
+    if max_length is not None:
+        return max_length
+    if conf.get("searcher"):
+        try:
+            config = ExperimentConfig.model_validate(conf)
+        except Exception as err:
+            raise ConfigError(f"exp_conf is not a valid experiment config: {err}") from None
+    if conf.get("searcher") and config.has_max_length:
+        gbs = conf.get("hyperparameters", {}).get("global_batch_size")
+        return length_to_unit(config.max_length, gbs, config.records_per_epoch)
+    raise ValueError(
+        "fit() needs max_length for local training, e.g. max_length=pytorch.Epoch(1) or "
+        "pytorch.Batch(1000) (or pass exp_conf with searcher.max_length to init())"
+    )
 
 
-def _searcher_length(info: launch.ClusterInfo | None) -> TrainUnit | None:
+def _searcher_length(info: cluster_info.ClusterInfo | None) -> TrainUnit | None:
     length = info.searcher_length if info is not None else None
     if not length:
         return None

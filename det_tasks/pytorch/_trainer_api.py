@@ -1,8 +1,12 @@
 """The "Trainer API for PyTorchTrial" proposal's calls, as thin adapters on the real API.
 
-``context = det.pytorch.init()``, ``context.build_trial``, ``context.train``,
-``context.training.hparams``, ``context.config_data``, ``context.load_checkpoint_trial``
-and ``context.predict`` all end in ``Trainer.fit`` or ``load_trial_from_checkpoint_path``.
+``context.train`` (and ``fit``) ends in ``Trainer.fit``, ``context.load_checkpoint_trial``
+in ``load_trial_from_checkpoint_path``; ``context.build_trial``, ``context.training.hparams``
+and ``context.config_data`` read the context. ``context.predict`` is a loop of its own: the
+trial's models (or its ``predict_batch``) over a data loader, in eval mode, without grad.
+
+The mixin reaches the context it is mixed into through ``TrialContextView``, the few
+members it reads, so this module does not import the context's module (which imports it).
 """
 
 from __future__ import annotations
@@ -10,17 +14,14 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from det_tasks.errors import TrialError
+from det_tasks.pytorch._units import Batch, TrainUnit
 
-if TYPE_CHECKING:
-    from det_tasks.pytorch._context import PyTorchTrialContext
-    from det_tasks.pytorch._units import TrainUnit
-
-__all__ = ["TrainerAPIMixin"]
+__all__ = ["TrainerAPIMixin", "TrialContextView"]
 
 # A registry-provided function mapping a trial id to a checkpoint reference.
 TrialCheckpointResolver = Callable[[Any], str]
@@ -34,12 +35,27 @@ def _registry_trial_resolver() -> TrialCheckpointResolver | None:
     return found if found is not None and os.environ.get("MLFLOW_TRACKING_URI") else None
 
 
+class TrialContextView(Protocol):
+    """What the mixin uses of the context it is mixed into (PyTorchTrialContext)."""
+
+    device: torch.device
+    models: list[torch.nn.Module]
+
+    @property
+    def hparams(self) -> dict[str, Any]: ...
+
+    def get_data_config(self) -> dict[str, Any]: ...
+
+    def to_device(self, data: Any) -> Any: ...
+
+
 class TrainerAPIMixin:
     """Mixed into PyTorchTrialContext."""
 
     _trial_checkpoint_resolver: TrialCheckpointResolver | None = None
     _trainer: Callable[[Any, Any], Any] | None = None  # set by PyTorchTrialContext
     _checkpoint_loader: Callable[..., Any] | None = None
+    device: torch.device  # set by PyTorchTrialContext.__init__
 
     @staticmethod
     def _require(call: str, service: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -50,22 +66,15 @@ class TrainerAPIMixin:
             )
         return service
 
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        # After an error, do not wait at a barrier the failed ranks will never reach.
-        self._close(clean=exc_type is None)  # type: ignore[attr-defined]
-
     @property
-    def training(self) -> types.SimpleNamespace:
+    def training(self: TrialContextView) -> types.SimpleNamespace:
         """``context.training.hparams`` (the proposal's trainer-context view)."""
-        return types.SimpleNamespace(hparams=self.hparams)  # type: ignore[attr-defined]
+        return types.SimpleNamespace(hparams=self.hparams)
 
     @property
-    def config_data(self) -> dict[str, Any]:
+    def config_data(self: TrialContextView) -> dict[str, Any]:
         """The config's free-form ``data:`` section."""
-        return self.get_data_config()  # type: ignore[attr-defined, no-any-return]
+        return self.get_data_config()
 
     def build_trial(self, trial_class: type, *args: Any, **kwargs: Any) -> Any:
         """``trial_class(context, ...)``."""
@@ -88,8 +97,6 @@ class TrainerAPIMixin:
         test_mode: bool = False,
     ) -> dict[str, Any] | None:
         """Train ``trial`` (optionally on these loaders); returns the last validation metrics."""
-        from det_tasks.pytorch._units import Batch
-
         trainer = self._require("train", self._trainer)
         if train_data is not None:
             trial.build_training_data_loader = lambda: train_data
@@ -135,16 +142,16 @@ class TrainerAPIMixin:
             path,
             trial_class=trial_class,
             trial_kwargs=trial_kwargs,
-            torch_load_kwargs={"map_location": str(self.device)},  # type: ignore[attr-defined]
+            torch_load_kwargs={"map_location": str(self.device)},
         )
 
-    def predict(self, trial: Any, data_loader: Any) -> torch.Tensor:
+    def predict(self: TrialContextView, trial: Any, data_loader: Any) -> torch.Tensor:
         """Every batch's outputs, concatenated along dim 0.
 
         Uses ``trial.predict_batch(batch)`` when the trial defines it; otherwise the
         trial's single model applied to the batch's inputs (its first element).
         """
-        ctx: PyTorchTrialContext = trial.context if hasattr(trial, "context") else self  # type: ignore[assignment]
+        ctx: TrialContextView = trial.context if hasattr(trial, "context") else self
         loader = (
             data_loader.get_data_loader()
             if hasattr(data_loader, "get_data_loader")

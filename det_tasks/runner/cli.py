@@ -132,11 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.func(args))
         if args.command == "check-config":
             return _check_config(Path(args.config), args.model_dir)
-        from det_tasks.runner import launcher
-        from det_tasks.runner.local import run_trial
+        from det_tasks.runner import worker_group
+        from det_tasks.runner.in_process import run_trial
 
         _checked_device(args.device)
-        if not launcher.inside_worker_group():
+        if not worker_group.inside_worker_group():
             workers = _start_workers(args, argv)
             if workers is not None:
                 return workers
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.run_url:
         summary["mlflow_run"] = result.run_url
     text = json.dumps(summary, indent=2, default=str)
-    if launcher.worker_rank() != 0:
+    if worker_group.worker_rank() != 0:
         return 0  # the chief reports for the trial
     if getattr(args, "summary_file", None):
         Path(args.summary_file).write_text(text)
@@ -184,9 +184,9 @@ def _start_workers(args: argparse.Namespace, argv: Sequence[str] | None) -> int 
     """Check the config against the model directory; then, for a trial of several slots
     (or a launch layer), start its worker group and return its exit code (else None)."""
     from det_tasks.config.storage_paths import check_storage_beside_code
-    from det_tasks.runner import launcher
-    from det_tasks.runner.launch_layer import parse_launch_layer
-    from det_tasks.runner.local import load_raw_config
+    from det_tasks.runner import worker_group
+    from det_tasks.runner.determined_launch_layers import parse_launch_layer
+    from det_tasks.runner.trial_setup import load_raw_config
 
     config_path = Path(args.config)
     _, config = load_raw_config(config_path, args.param)
@@ -195,9 +195,11 @@ def _start_workers(args: argparse.Namespace, argv: Sequence[str] | None) -> int 
     slots = config.resources.slots_per_trial
     layer = parse_launch_layer(config.entrypoint)
     if slots > 1 or layer.backend is not None:
-        backend = launcher.resolve_backend(layer.backend or config.resources.distributed_backend)
+        backend = worker_group.resolve_backend(
+            layer.backend or config.resources.distributed_backend
+        )
         argv_ = ["-m", "det_tasks.runner.cli", *(sys.argv[1:] if argv is None else argv)]
-        return launcher.run_workers(slots, backend, argv_, layer.overrides)
+        return worker_group.run_workers(slots, backend, argv_, layer.overrides)
     return None
 
 
@@ -211,7 +213,7 @@ def _check_config(config_path: Path, model_dir: str | None) -> int:
     check_storage_beside_code(config, directory)
     if not os.environ.get("MLFLOW_TRACKING_URI"):  # `run` writes checkpoints there
         check_checkpoint_storage(config, str(config_path))
-    from det_tasks.runner.local import check_entrypoint
+    from det_tasks.runner.in_process import check_entrypoint
 
     entry = check_entrypoint(config, directory)
     print(json.dumps(config.model_dump(mode="json"), indent=2, default=str))
@@ -229,11 +231,11 @@ def _user_code_location(err: BaseException) -> str | None:
 def _report_invalid_hp(args: argparse.Namespace, err: InvalidHP) -> int:
     """The trial rejected its hyperparameters: say so, and leave a summary the searcher reads
     (``invalid_hp``) so it drops the trial instead of retrying it."""
-    from det_tasks.runner import launcher
+    from det_tasks.runner import worker_group
 
     print(f"invalid hyperparameters: {err or type(err).__name__}; the searcher drops this trial",
           file=sys.stderr)  # fmt: skip
-    if launcher.worker_rank() == 0 and getattr(args, "summary_file", None):
+    if worker_group.worker_rank() == 0 and getattr(args, "summary_file", None):
         summary = {"invalid_hp": str(err), "hparams": args.hparams and json.loads(args.hparams)}
         Path(args.summary_file).write_text(json.dumps(summary, indent=2, default=str))
     return EXIT_INVALID_HP

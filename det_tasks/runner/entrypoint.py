@@ -86,7 +86,7 @@ def parse_script_command(entrypoint: str | list[str]) -> tuple[Path, list[str]]:
 
     A Determined launch layer in front (``python3 -m determined.launch.torch_distributed
     python3 train.py``) is stripped: the caller starts the workers (``launch_layer``)."""
-    from det_tasks.runner.launch_layer import parse_launch_layer
+    from det_tasks.runner.determined_launch_layers import parse_launch_layer
 
     layer = parse_launch_layer(entrypoint)
     if layer.trial is not None:

@@ -1,7 +1,7 @@
 """A trial built once and held in this process between tasks: train to batch N, validate,
 checkpoint, and restore from a checkpoint at a position.
 
-This is what a warm worker (``flows.workers``) keeps between a trial's train, validate and
+This is what a warm worker (``cluster.held_trials``) keeps between a trial's train, validate and
 checkpoint tasks, so a task costs only its work: no interpreter, import, model build or
 MLflow run set-up per segment. It reuses the local runner's pieces (config, platform
 services, resume choice) and drives the same training loop as ``Trainer.fit`` step by step,
@@ -16,26 +16,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import random
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from det_tasks import checkpoint_format as ckpt
-from det_tasks import launch
-from det_tasks.config import sample_hparams
+from det_tasks import run_services
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.references import scheme_of
+from det_tasks.config import ExperimentConfig, parse_config
 from det_tasks.errors import ConfigError
-from det_tasks.pytorch import Batch, Trainer, init
+from det_tasks.pytorch import Trainer, init
+from det_tasks.pytorch._trainer import trial_controller
 from det_tasks.runner.entrypoint import load_trial_class, model_dir_on_path
-from det_tasks.runner.local import _platform_services, _store, _unit, load_raw_config
 from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.runner.trial_config import with_defaults
+from det_tasks.runner.trial_setup import (
+    checkpoint_store_for,
+    fit_periods,
+    load_raw_config,
+    platform_services,
+    resolved_model_dir,
+    train_unit,
+    trial_hparams,
+)
 from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
-from det_tasks.uris import scheme_of
 
-__all__ = ["HeldTrial", "TrialSpec", "holdable"]
+__all__ = ["HeldTrial", "TrialSpec", "holdable", "trial_config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +58,9 @@ class TrialSpec:
     hparams: dict[str, Any]
     experiment_run_key: str | None = None
     device: str | None = None
+    # The config as the flow parsed it, overrides applied (plain data): a worker builds
+    # the trial from it and never reads the file again. None: read config_path.
+    raw_config: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
@@ -57,10 +68,17 @@ class TrialSpec:
         return f"{self.experiment_run_key or 'local'}/trial-{self.trial_id}"
 
 
-def holdable(spec: TrialSpec) -> str | None:
-    """None if ``spec``'s trial can be held in one process; else why not (script
+def trial_config(spec: TrialSpec) -> tuple[dict[str, Any], ExperimentConfig]:
+    """The trial's raw config and its validated form: the one the flow sent (checked from
+    plain data, no file read), or without one the file with the spec's overrides."""
+    if spec.raw_config is not None:
+        return spec.raw_config, parse_config(spec.raw_config, source=spec.config_path)
+    return load_raw_config(Path(spec.config_path), list(spec.overrides))
+
+
+def holdable(config: ExperimentConfig) -> str | None:
+    """None if the experiment's trials can be held in one process; else why not (script
     entrypoints and multi-process trials train whole segments in their own processes)."""
-    _, config = load_raw_config(Path(spec.config_path), list(spec.overrides))
     if not config.is_trial_class_entrypoint:
         return "its entrypoint is a script (Trainer API), which runs a whole segment at once"
     if config.resources.slots_per_trial > 1:
@@ -78,77 +96,80 @@ class HeldTrial:
         """Build the trial and restore it from the first intact checkpoint in ``resume``
         (newest first); with none, it starts at batch 0."""
         self.spec = spec
-        raw, config = load_raw_config(Path(spec.config_path), list(spec.overrides))
-        why_not = holdable(spec)
+        raw, config = trial_config(spec)
+        why_not = holdable(config)
         if why_not is not None:
             raise ConfigError(f"trial {spec.trial_id} cannot be held in one process: {why_not}")
-        model_dir = Path(spec.model_dir)
-        if not model_dir.is_dir():
-            raise ConfigError(f"model directory {spec.model_dir!r} does not exist")
-        self._model_dir = model_dir.resolve()  # the trial's code runs there (in_model_dir)
-        hparams = spec.hparams or sample_hparams(
-            config.hyperparameters, random.Random(config.reproducibility.experiment_seed)
-        )
-        gbs = hparams.get("global_batch_size")
+        self._model_dir = resolved_model_dir(Path(spec.model_dir))  # its code runs there
+        hparams = trial_hparams(config, spec.hparams or None)
         self._stack = contextlib.ExitStack()
         try:
-            # The entrypoint loads before any MLflow run exists (a wrong class leaves none).
-            self._stack.enter_context(model_dir_on_path(model_dir))
-            assert isinstance(config.entrypoint, str)
-            with in_model_dir(self._model_dir):
-                trial_class = load_trial_class(config.entrypoint, model_dir)
-            services = self._stack.enter_context(
-                _platform_services(
-                    raw,
-                    config,
-                    hparams,
-                    model_dir,
-                    Path(spec.config_path),
-                    None,
-                    str(spec.trial_id),
-                    spec.experiment_run_key,
-                )
-            )
-            store = services.checkpoint_store if services else _store(raw, None, config)
-            sink: MetricsSink = services.metrics_sink if services else InMemoryMetricsSink()
-            self._stack.callback(sink.close)
-            # Entered per step, not held: a context variable set in one task cannot be
-            # reset in another (each runs in its own contextvars context).
-            self._services = services
-            latest = choose_resume_checkpoint(store, list(resume) if resume else None)
-            scope = launch.services(services) if services else contextlib.nullcontext()
-            with scope, in_model_dir(self._model_dir):
-                context = self._stack.enter_context(
-                    init(
-                        hparams=hparams,
-                        exp_conf=with_defaults(raw, config),
-                        metrics_sink=sink,
-                        checkpoint_store=store,
-                        device=spec.device,
-                        seed=config.reproducibility.experiment_seed,
-                        model_dir=self._model_dir,
-                        trial_id=spec.trial_id,
-                    )
-                )
-                self._device = context.device
-                self._controller = Trainer(trial_class(context), context)._controller(
-                    max_length=_unit(config, config.max_length, gbs),
-                    validation_period=_unit(config, config.min_validation_period, gbs),
-                    checkpoint_period=_unit(config, config.min_checkpoint_period, gbs),
-                    reporting_period=Batch(config.scheduling_unit),
-                    checkpoint_policy=config.checkpoint_policy,
-                    latest_checkpoint=latest,
-                    step_zero_validation=config.perform_initial_validation,
-                )
-                self._controller.start()
-                self._stack.callback(self._controller.stop)
-                self._rng = ckpt.capture_rng_state(self._device)
+            latest = self._build(raw, config, hparams, resume)
         except BaseException as err:
             self._stack.__exit__(type(err), err, err.__traceback__)
             raise
         self.hparams = hparams
         self.restored_from = latest
         self.max_batches = self._controller.max_batches
+
+    def _build(
+        self,
+        raw: dict[str, Any],
+        config: ExperimentConfig,
+        hparams: dict[str, Any],
+        resume: Sequence[str] | None,
+    ) -> str | None:
+        """Load the class, open the services, build the trial and start its controller,
+        each on ``self._stack``; returns the checkpoint it restored from."""
+        spec, model_dir = self.spec, Path(self.spec.model_dir)
+        # The entrypoint loads before any MLflow run exists (a wrong class leaves none).
+        self._stack.enter_context(model_dir_on_path(model_dir))
+        assert isinstance(config.entrypoint, str)
+        with in_model_dir(self._model_dir):
+            trial_class = load_trial_class(config.entrypoint, model_dir)
+        services = self._stack.enter_context(
+            platform_services(
+                raw,
+                config,
+                hparams,
+                model_dir,
+                Path(spec.config_path),
+                None,
+                str(spec.trial_id),
+                spec.experiment_run_key,
+            )
+        )
+        store = checkpoint_store_for(services, raw, None, config)
+        sink: MetricsSink = services.metrics_sink if services else InMemoryMetricsSink()
+        self._stack.callback(sink.close)
+        # Entered per step, not held: a context variable set in one task cannot be
+        # reset in another (each runs in its own contextvars context).
+        self._services = services
+        latest = choose_resume_checkpoint(store, list(resume) if resume else None)
+        with run_services.provide(services), in_model_dir(self._model_dir):
+            context = self._stack.enter_context(
+                init(
+                    hparams=hparams,
+                    exp_conf=with_defaults(raw, config),
+                    metrics_sink=sink,
+                    checkpoint_store=store,
+                    device=spec.device,
+                    seed=config.reproducibility.experiment_seed,
+                    model_dir=self._model_dir,
+                    trial_id=spec.trial_id,
+                )
+            )
+            self._device = context.device
+            self._controller = trial_controller(
+                Trainer(trial_class(context), context),
+                max_length=train_unit(config, config.max_length, hparams.get("global_batch_size")),
+                latest_checkpoint=latest,
+                **fit_periods(config, hparams),
+            )
+            self._controller.start()
+            self._stack.callback(self._controller.stop)
+            self._rng = ckpt.capture_rng_state(self._device)
+        return latest
 
     @property
     def position(self) -> int:
@@ -198,7 +219,7 @@ class HeldTrial:
         """Release the trial: its data, hooks, context and MLflow run (ended FAILED when
         ``error`` is given). Idempotent."""
         stack, self._stack = self._stack, contextlib.ExitStack()
-        services = launch.services(self._services) if self._services else contextlib.nullcontext()
+        services = run_services.provide(self._services)
         with services, in_model_dir(self._model_dir):  # callbacks' on_trial_shutdown
             if error is None:
                 stack.close()
@@ -208,7 +229,7 @@ class HeldTrial:
     @contextlib.contextmanager
     def _step(self) -> Iterator[None]:
         """The trial's own RNG state and run services for the duration of one step."""
-        scope = launch.services(self._services) if self._services else contextlib.nullcontext()
+        scope = run_services.provide(self._services)
         ckpt.restore_rng_state(self._rng, self._device)
         try:
             with scope, in_model_dir(self._model_dir):

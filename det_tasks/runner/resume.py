@@ -8,11 +8,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.references import scheme_of
+from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._restore import open_checkpoint
-from det_tasks.storage import CheckpointStore
-from det_tasks.uris import scheme_of
 
 __all__ = ["choose_resume_checkpoint"]
 

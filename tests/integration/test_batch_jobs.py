@@ -135,10 +135,10 @@ def test_parquet_on_s3_is_read_by_shard_with_its_ids_and_a_missing_column_is_ref
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from cluster.batch_shards import run_shard
     from det_tasks.errors import ConfigError
-    from det_tasks.runner.local import run_trial
+    from det_tasks.runner.in_process import run_trial
     from flows.batch_inference import plan_shards
-    from flows.batch_shards import run_shard
 
     model = BATCH_JOB.parent / "batch_model"
     ckpt = run_trial(model / "const.yaml", checkpoint_dir=tmp_path / "ckpt", progress=False)

@@ -63,10 +63,10 @@ def test_import_adopts_every_layout_signed_and_registered(tmp_path, monkeypatch)
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    from det_tasks.checkpoint_format import verify
+    from det_tasks.checkpoints.format import verify
+    from det_tasks.checkpoints.trust import is_signed_here
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from det_tasks.trust import is_signed_here
-    from registry.uris import _fetch
+    from registry.checkpoint_uris import fetch_checkpoint_uri as _fetch
 
     expected = json.loads((ROOT / "expected_logits.json").read_text())
     for uri in uris:
@@ -82,8 +82,8 @@ def test_import_adopts_every_layout_signed_and_registered(tmp_path, monkeypatch)
 
     # Warm start from the registry: a uuid this trial's storage does not hold, or a trial
     # id (the imported trial 7: its most recent checkpoint, 0.21-metadata is the last).
+    from det_tasks.checkpoints.store import LocalDirectoryStore
     from det_tasks.pytorch._warm_start import warm_start_reference
-    from det_tasks.storage import LocalDirectoryStore
 
     store = LocalDirectoryStore(tmp_path / "elsewhere")
     by_uuid = {"searcher": {"source_checkpoint_uuid": Path(sources[0]).name}}

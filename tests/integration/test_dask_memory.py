@@ -17,7 +17,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from flows.engine import (
+from cluster.startup import (
     DEFAULT_WORKER_MEMORY_MB,
     EXPECTED_WORKERS_ENV,
     WORKER_MEMORY_ENV,
@@ -57,7 +57,7 @@ def test_workers_fit_the_hosts_available_memory(
     # Workers a third of the available memory each: 3 start (give or take what other
     # processes free or take meanwhile), and the warning says why and what to change.
     monkeypatch.setenv(WORKER_MEMORY_ENV, str(available_mb // 3))
-    with caplog.at_level(logging.WARNING, logger="flows.engine"):
+    with caplog.at_level(logging.WARNING, logger="cluster.startup"):
         assert workers_that_fit(8) in (2, 3, 4)
     assert WORKER_MEMORY_ENV in caplog.text and "max_concurrent_trials" in caplog.text
     # More than the host has: still one worker, so the experiment runs its trials in turn.

@@ -176,8 +176,8 @@ def test_entrypoint_errors_fail_before_anything_starts(
 def test_embedded_workers_train_on_their_share_of_the_cores(workers: int) -> None:
     """Dask's Nanny gives each worker one thread; a lone worker gets every core. Asked on the
     thread steps run on (the executor's), through the flow's client."""
+    from cluster.startup import CLIENT_SEND_INTERVAL_S, background_cluster, dask_client
     from det_tasks.cpu_threads import available_cores
-    from flows.engine import CLIENT_SEND_INTERVAL_S, background_cluster, dask_client
 
     def torch_threads() -> int:
         import torch

@@ -78,7 +78,7 @@ def test_grid_of_four_with_concurrency_two(stack):
     # table in MLflow's "Model training" workspace, the real trial id in metadata.json.
     from mlflow.tracking import MlflowClient
 
-    from registry.uris import _fetch
+    from registry.checkpoint_uris import fetch_checkpoint_uri as _fetch
 
     best = summary["best"]
     parent_id = summary["mlflow_parent_run"].split("?")[0].rsplit("/", 1)[-1]
@@ -203,7 +203,7 @@ def test_sigkilled_trial_resumes_and_matches_an_uninterrupted_run(stack, tmp_pat
 
 
 def _pinned_xor() -> str:
-    from registry.uris import models_uri_source
+    from registry.checkpoint_uris import models_uri_source
 
     return models_uri_source("models:/xor@champion")
 

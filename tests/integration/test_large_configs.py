@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import yaml
 
-from det_tasks.runner.local import load_raw_config
+from det_tasks.runner.trial_setup import load_raw_config
 from registry.checkpoints import checkpoint_records
 from registry.models import trial_runs
 from registry.tracking import EXPERIMENT_RUN_TAG, client_for, experiment_config

@@ -21,8 +21,8 @@ from det_tasks import pytorch
 from det_tasks.sinks import InMemoryMetricsSink
 from infra.stack import down, up
 from registry.checkpoints import checkpoint_records
+from registry.mlflow_services import trial_services
 from registry.models import trial_runs
-from registry.services import trial_services
 from registry.tracking import client_for
 from tests.fixtures.trials import OneVarTrial
 from tests.integration.helpers import env_without_platform, isolated_stack_config
@@ -69,7 +69,7 @@ def _fit(sink: Any, store: Any) -> float:
 
 
 def test_fifty_metrics_every_batch_all_arrive(stack: Any, model_dir: Path, tmp_path: Path) -> None:
-    from det_tasks.storage import LocalDirectoryStore
+    from det_tasks.checkpoints.store import LocalDirectoryStore
 
     baseline_s = _fit(InMemoryMetricsSink(), LocalDirectoryStore(tmp_path / "ckpt"))
     with trial_services(

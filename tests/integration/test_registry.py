@@ -18,8 +18,8 @@ from det_tasks.pytorch import PyTorchCallback
 from infra import services
 from registry import s3 as s3_lib
 from registry.checkpoints import checkpoint_records
+from registry.mlflow_services import trial_services
 from registry.models import best_checkpoint, register_checkpoint
-from registry.services import trial_services
 from registry.tracking import client_for
 from tests.fixtures.trials import OneVarTrial
 
@@ -168,7 +168,7 @@ def test_gc_keeps_policy_and_registered_versions(stack, model_dir):
     assert kept[run_ids[0]] == [30]
     s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
     # Deleting again is harmless.
-    from registry.gc import collect_experiment_garbage
+    from registry.experiment_gc import collect_experiment_garbage
     from registry.models import _parent_run, trial_runs
 
     parent = _parent_run(client, name)

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow  # waits out the default 60 s bound
 def test_a_step_no_worker_can_run_fails_loudly_within_a_minute() -> None:
     from distributed import Client, LocalCluster
 
+    from cluster.held_trials import StepRequest
+    from cluster.steps import STRANDED_AFTER_S, WATCH_INTERVAL_S, StepStranded, submit_step
     from det_tasks.runner.held import TrialSpec
-    from flows.engine import STRANDED_AFTER_S, WATCH_INTERVAL_S, StepStranded, submit_step
-    from flows.workers import StepRequest
 
     spec = TrialSpec(str(FLOW_MODEL / "grid.yaml"), str(FLOW_MODEL), (), 3, {"hidden": 4})
     request = StepRequest(spec, "train", 0, 8, parent_run_id="p", experiment_id="e")

@@ -259,7 +259,7 @@ MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist"
 def test_det_runs_the_mnist_tutorial_verbatim(deployed, tmp_path, monkeypatch, capsys):
     """The tutorial's `det experiment create const.yaml .` in a copy of examples/mnist (made a
     few batches long), then `det experiment wait ID` and `det experiment list-checkpoints ID`."""
-    from flows.det_cli import main as det
+    from det_cli import main as det
 
     workdir = tmp_path / "mnist"
     shutil.copytree(MNIST, workdir)
@@ -323,7 +323,7 @@ def _numbers_agree(det_bin: str, short: str, client, run_id: str, state: str) ->
     """`det experiment describe`, the flow run's trials table (its one artifact, as last
     published) and MLflow say the same of trial 1: its state, the batches it trained and
     its best validation_loss and the batch of it. Returns the batches."""
-    from flows.det_cli.ids import experiment_run
+    from det_cli.ids import experiment_run
     from flows.trial_table import significant
     from tests.integration.prefect_artifacts import trials_table_and_progress
 
@@ -369,9 +369,9 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.states import Cancelling
 
+    from det_cli import main as det
+    from det_cli.ids import experiment_run
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from flows.det_cli import main as det
-    from flows.det_cli.ids import experiment_run
     from registry.checkpoints import checkpoint_records
 
     workdir = tmp_path / "xor"
@@ -416,7 +416,7 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     # memory any more): activate must restore it from the pause checkpoint.
     from distributed import Client
 
-    from flows.engine import SCHEDULER_ENV
+    from cluster.startup import SCHEDULER_ENV
 
     with Client(os.environ[SCHEDULER_ENV], timeout=30, set_as_default=False) as dask:
         dask.restart(wait_for_workers=True)

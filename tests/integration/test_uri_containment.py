@@ -18,7 +18,7 @@ from det_tasks import pytorch
 from det_tasks.runner.cli import main
 from registry import s3 as s3_lib
 from registry.checkpoints import checkpoint_records
-from registry.services import trial_services
+from registry.mlflow_services import trial_services
 from registry.tracking import client_for
 from tests.fixtures.trials import OneVarTrial
 from tests.integration.test_registry import CONFIG

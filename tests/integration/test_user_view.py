@@ -113,8 +113,8 @@ def publish_trials_table(name: str, trials: dict) -> tuple[object, dict | None]:
 def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(stack, tmp_path):
     """Two trials of one experiment run (as the flow runs them: `det-tasks run` with
     --experiment-run), then the registry's end of the experiment run, as the flow calls it."""
+    from registry.mlflow_services import finish_experiment
     from registry.s3 import client as s3_client
-    from registry.services import finish_experiment
     from registry.tracking import ExperimentRuns, client_for
 
     name = f"ux-{uuid.uuid4().hex[:6]}"

@@ -150,8 +150,8 @@ def test_a_step_for_a_batch_the_worker_does_not_hold_replays_exactly(stack):
     15 batches, validate: the same metrics as the run's own validation at 45."""
     from distributed import Client
 
-    from flows.engine import release_everywhere, submit_step
-    from flows.workers import PLUGIN_NAME, HeldTrialPlugin, StepRequest
+    from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin, StepRequest
+    from cluster.steps import release_everywhere, submit_step
 
     overrides = [
         "name=warm-replay",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from det_tasks import pytorch
-from det_tasks.storage import LocalDirectoryStore
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 # lr 0.3 makes bf16 rounding visible: 0.3 * (1 - w) in bf16 is off in the third digit.

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from det_tasks import TrialError, compat, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader, PyTorchCallback
 from det_tasks.runner import run_trial
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OnesDataset, OneVarTrial
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from det_tasks import CheckpointError, checkpoint_format, pytorch
+from det_tasks import CheckpointError, pytorch
+from det_tasks.checkpoints import format as checkpoint_format
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import PyTorchCallback
 from det_tasks.pytorch._checkpointing import snapshot
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 LR = 0.1

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from det_tasks import CheckpointError, ConfigError, TrialError, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.config import load_config
 from det_tasks.runner.cli import main
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 GOOD = """

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from cluster.batch_shards import run_shard
 from det_tasks.errors import ConfigError
-from det_tasks.runner.local import run_trial
+from det_tasks.runner.in_process import run_trial
 from flows.batch_inference import plan_shards
-from flows.batch_shards import run_shard
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "batch_model"
 

@@ -1,4 +1,4 @@
-"""A shard's spill (flows.batch_shards._Spill): batches copied into one reused block and
+"""A shard's spill (cluster.batch_shards._Spill): batches copied into one reused block and
 flushed as row groups give back every record once, in order, with its own output, whatever
 the batches' sizes against the block's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 
-from flows.batch_shards import _Spill
+from cluster.batch_shards import _Spill
 
 
 def test_batches_across_flushes_come_back_once_in_order(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from det_tasks import CheckpointError, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
+from det_tasks.checkpoints.trust import TRUSTED_SCHEMES_ENV, trusted_schemes
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
-from det_tasks.trust import TRUSTED_SCHEMES_ENV, trusted_schemes
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL_DIR = FIXTURES / "determined_model"

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from det_tasks import CheckpointError, compat, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL_DIR = FIXTURES / "determined_model"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from det_tasks.checkpoint_format import copy_code
+from det_tasks.checkpoints.format import copy_code
+from det_tasks.checkpoints.model_package import pack_model_dir
 from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import CheckpointError
-from det_tasks.packaging import pack_model_dir
 from det_tasks.runner.cli import main
-from det_tasks.runner.local import load_raw_config
+from det_tasks.runner.trial_setup import load_raw_config
 
 MODEL = Path(__file__).resolve().parent.parent / "fixtures" / "determined_model"
 

@@ -8,7 +8,7 @@ import pytest
 
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, threads_per_process, worker_threads
 from det_tasks.errors import ConfigError
-from det_tasks.runner.launcher import worker_env
+from det_tasks.runner.worker_group import worker_env
 from infra.dask_cluster import worker_service, worker_services
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from det_cli import main as det
+from det_cli import master as master_lib
+from det_cli.dispatch import build_parser
+from det_cli.ids import parse_trial_ref, short_id
 from det_tasks.errors import DetTasksError
-from flows.det_cli import main as det
-from flows.det_cli import master as master_lib
-from flows.det_cli.dispatch import build_parser
-from flows.det_cli.ids import parse_trial_ref, short_id
 
 EXP = "1a2b3c4d"
 
@@ -107,7 +107,7 @@ def test_unsupported_verbs_say_so_in_one_line_and_what_to_use(argv, capsys, monk
     def no_platform(flag):
         raise AssertionError("an unsupported verb must not reach the platform")
 
-    monkeypatch.setattr("flows.det_cli.dispatch.use_master", no_platform)
+    monkeypatch.setattr("det_cli.dispatch.use_master", no_platform)
     assert det(argv) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -131,9 +131,9 @@ def test_usage_mistakes_are_one_line(capsys):
 
 
 def test_unknown_experiment_id_is_one_line(capsys, monkeypatch):
-    monkeypatch.setattr("flows.det_cli.dispatch.use_master", lambda flag: None)
+    monkeypatch.setattr("det_cli.dispatch.use_master", lambda flag: None)
     known = [type("Run", (), {"id": uuid.UUID(int=7 << 120)})()]
-    monkeypatch.setattr("flows.submit.experiment_runs", lambda limit: known)
+    monkeypatch.setattr("det_cli.submission.experiment_runs", lambda limit: known)
     for verb in ("describe", "lt", "lc", "pause", "kill", "wait", "logs"):
         assert det(["e", verb, "ffffffff"]) == 1
         err = capsys.readouterr().err.strip().splitlines()

@@ -201,7 +201,7 @@ def _platform_env(url: str) -> dict[str, str]:
 def det_alone(url: str, *argv: str) -> tuple[int, str, list[str]]:
     """``det ARGV`` in a fresh interpreter: (exit code, output, heavy modules it loaded)."""
     code = (
-        "import sys, json; from flows.det_cli import main; rc = main(sys.argv[1:]); "
+        "import sys, json; from det_cli import main; rc = main(sys.argv[1:]); "
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
     )
     done = subprocess.run(
@@ -340,9 +340,8 @@ def test_reader_for_keeps_mlflows_client_where_only_it_knows_how(monkeypatch):
 
 
 def test_the_light_copies_agree_with_the_writers_modules():
-    """registry.run_records and flows.lifecycle repeat what heavy modules define (importing
-    those costs a command seconds); they must not drift apart."""
-    from flows import engine, lifecycle, stopping
+    """registry.run_records repeats what heavy modules define (importing those costs a
+    command seconds); they must not drift apart."""
     from registry import checkpoints, large_tags, run_states, tracking
 
     assert run_records.TRIAL_TAG == tracking.TRIAL_TAG
@@ -353,9 +352,6 @@ def test_the_light_copies_agree_with_the_writers_modules():
     assert run_records.CHECKPOINT_TAG == checkpoints.CHECKPOINT_TAG
     assert run_records.FLOW_PROCESS_TAG == run_states.FLOW_PROCESS_TAG
     assert run_records.ORPHAN_AFTER_S == run_states.ORPHAN_AFTER_S
-    assert lifecycle.SCHEDULER_ENV == engine.SCHEDULER_ENV
-    assert lifecycle._STOP_STATES == stopping.STOP_STATES
-    assert stopping.stop_metadata_key("k") == ["det-tasks-stop", "k"]
     text = json.dumps({"config": "x" * 40_000, "n": list(range(3000))})
     tags = {**large_tags.large_tag("det.checkpoint.big", text), "det.checkpoint.small": "{}"}
     assert len(tags) > 2  # split into chunks
@@ -396,7 +392,7 @@ def run_states_process() -> str:
 
 def test_bad_ids_and_absent_servers_are_one_line(servers, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", f"{servers}/api")
-    from flows.submit import find_flow_run
+    from det_cli.submission import find_flow_run
 
     with pytest.raises(DetTasksError, match="no experiment run with id"):
         find_flow_run(str(uuid.uuid4()))
@@ -457,7 +453,7 @@ def test_list_ends_orphans_through_mlflows_client_only_when_there_are_some(monke
         search_runs=lambda ids, filter_string, max_results: list(running),
     )
     ended: list[tuple[Any, list[str]]] = []
-    monkeypatch.setattr(cli, "_client", lambda: "mlflow-client")
+    monkeypatch.setattr(cli, "tracking_client_from_env", lambda: "mlflow-client")
     monkeypatch.setattr(
         run_states, "end_orphans", lambda client, ids: ended.append((client, ids)) or ["p4"]
     )

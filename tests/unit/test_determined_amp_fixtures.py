@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from det_tasks import pytorch
-from det_tasks.storage import LocalDirectoryStore
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from tests.fixtures.trials import OnesDataset, OneVarTrial
 
 LR = 0.1

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from det_tasks import checkpoint_format as ckpt
 from det_tasks import pytorch
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.safe_unpickle import load_pickle
 from det_tasks.compat import load_trial_from_checkpoint_path  # their code imports determined
 from det_tasks.errors import CheckpointError
-from det_tasks.safe_unpickle import load_pickle
 
 ROOT = Path(__file__).parents[1] / "fixtures" / "determined-legacy"
 LAYOUTS = sorted(p.name for p in ROOT.iterdir() if p.is_dir())

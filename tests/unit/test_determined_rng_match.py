@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from det_tasks import compat, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import samplers
-from det_tasks.storage import LocalDirectoryStore
 
 HERE = Path(__file__).parents[1] / "fixtures" / "determined_rng"
 EXPECTED = json.loads((HERE / "expected.json").read_text())

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from det_tasks import CheckpointError, checkpoint_format
-from det_tasks.runner.local import run_trial
+from det_tasks import CheckpointError
+from det_tasks.checkpoints import format as checkpoint_format
+from det_tasks.runner.in_process import run_trial
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 CONFIG = FLOW_MODEL / "killable.yaml"

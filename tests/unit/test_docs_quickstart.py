@@ -64,9 +64,9 @@ def _deployments() -> set[str]:
 
 def _check(argv: list[str], cwd: Path) -> Path:
     """Assert one command line names real things; returns the directory after it."""
+    from det_cli.dispatch import build_parser
+    from det_cli.unsupported import _refuse
     from det_tasks.runner.cli import _parser
-    from flows.det_cli.dispatch import build_parser
-    from flows.det_cli.unsupported import _refuse
 
     program, args = argv[0], argv[1:]
     if program == "cd":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.devices import gpu_groups
+from cluster.devices import gpu_groups
 
 
 def test_groups_are_disjoint_and_sized_by_slots() -> None:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from det_tasks import checkpoint_format as ckpt
+from det_tasks.checkpoints import format as ckpt
 from det_tasks.errors import ConfigError
-from det_tasks.runner.held import HeldTrial, TrialSpec, holdable
-from det_tasks.runner.local import run_trial
+from det_tasks.runner.held import HeldTrial, TrialSpec, holdable, trial_config
+from det_tasks.runner.in_process import run_trial
 
 MODEL = textwrap.dedent(
     """
@@ -154,7 +154,7 @@ def test_script_entrypoints_are_not_held(model_dir: Path, tmp_path: Path) -> Non
     spec = TrialSpec(
         **{**spec.__dict__, "overrides": (*spec.overrides, "entrypoint=python3 train.py")}
     )
-    assert "script" in str(holdable(spec))
+    assert "script" in str(holdable(trial_config(spec)[1]))
     with pytest.raises(
         ConfigError, match="cannot be held in one process: its entrypoint is a script"
     ):

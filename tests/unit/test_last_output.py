@@ -3,7 +3,7 @@ not its error, so the rank's own last lines come before it."""
 
 from __future__ import annotations
 
-from flows.workers import last_output
+from cluster.held_trials import last_output
 
 SUMMARY = """det_tasks.runner.cli FAILED
 ------------------------------------------------------------

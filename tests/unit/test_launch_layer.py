@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from det_tasks.errors import ConfigError
+from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import parse_script_command
-from det_tasks.runner.launch_layer import parse_launch_layer
-from det_tasks.runner.launcher import launch_command
+from det_tasks.runner.worker_group import launch_command
 
 
 def test_torch_distributed_with_overrides_and_script():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import TrialError
 from det_tasks.pytorch import PyTorchCallback
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 
@@ -108,7 +108,7 @@ def test_a_legacy_callback_keeps_its_checkpointed_state(tmp_path):
     first = Counter()
     run(tmp_path, first)
     assert first.epochs == 2 and set(vars(first)) == {"epochs"}
-    from det_tasks.checkpoint_format import read_state
+    from det_tasks.checkpoints.format import read_state
 
     (checkpoint,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert read_state(checkpoint)["callbacks"] == {"cb": {"epochs": 2}}

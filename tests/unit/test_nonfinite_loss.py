@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 
@@ -79,7 +79,7 @@ def test_error_names_the_batch_and_writes_nothing_after_it(tmp_path):
     with pytest.raises(TrialError, match="NaN or infinite at batch 4"):
         fit(tmp_path, PoisonedTrial, "error")
     # Checkpoints at batches 2 and 4 only: the one due at batch 5 (after the NaN) is not.
-    from det_tasks.checkpoint_format import read_json
+    from det_tasks.checkpoints.format import read_json
 
     steps = sorted(
         read_json(p / "metadata.json")["steps_completed"]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from det_tasks import pytorch
-from det_tasks.storage import LocalDirectoryStore
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 HPARAMS = {"learning_rate": 0.1, "global_batch_size": 4}

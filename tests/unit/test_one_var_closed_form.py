@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from det_tasks import ConfigError, TrialError, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader, PyTorchTrial
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 X = torch.linspace(-1, 1, 32).unsqueeze(1)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from det_tasks.checkpoints.model_package import PackageError, pack_model_dir, unpack_model_package
 from det_tasks.config.job import load_job_config
 from det_tasks.errors import ConfigError
-from det_tasks.packaging import PackageError, pack_model_dir, unpack_model_package
 
 
 def make_dir(root: Path) -> Path:
@@ -108,7 +108,7 @@ def test_job_config_forms(tmp_path):
 
 
 def test_credentials_stay_out_of_packages_and_checkpoint_code(tmp_path: Path) -> None:
-    from det_tasks.checkpoint_format import copy_code
+    from det_tasks.checkpoints.format import copy_code
 
     model = tmp_path / "model"
     (model / ".ssh").mkdir(parents=True)

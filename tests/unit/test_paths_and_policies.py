@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from det_tasks import checkpoint_format as ckpt
 from det_tasks import pytorch
+from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import PyTorchCallback, load_trial_from_checkpoint_path
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 

@@ -1,6 +1,6 @@
 """The embedded scheduler's port is kept from other sockets until the scheduler binds it
-(flows.engine.hold_free_port, Linux), and a cluster that fails to start is reported at once, naming
-its cause: a start failed once after the flow's client had been refused for 30 s."""
+(cluster.startup.hold_free_port, Linux), and a cluster that fails to start is reported at
+once, naming its cause: a start failed once after the flow's client had been refused for 30 s."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from tornado import netutil
 
-from flows import engine
-from flows.engine import SCHEDULER_ENV, background_cluster, hold_free_port
+from cluster import startup
+from cluster.startup import SCHEDULER_ENV, background_cluster, hold_free_port
 
 LINUX_ONLY = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="elsewhere the port cannot be held"
@@ -100,8 +100,8 @@ def _fake_cluster(
         finally:
             listener.close()
 
-    monkeypatch.setattr(engine, "embedded_cluster", cluster)
-    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    monkeypatch.setattr(startup, "embedded_cluster", cluster)
+    monkeypatch.setattr(startup, "workers_that_fit", lambda n: n)
     return seen
 
 
@@ -113,7 +113,7 @@ def test_background_cluster_holds_its_port_until_the_scheduler_is_up(
     with background_cluster(1) as address:
         port = int(address.rsplit(":", 1)[1])
         _connect_within(port, 10.0)  # as Dask's client does: refused until it listens
-        assert address == engine.os.environ[SCHEDULER_ENV]
+        assert address == startup.os.environ[SCHEDULER_ENV]
     assert seen["held while starting"] == errno.EADDRINUSE
     assert _plain_bind_error(port) is None  # the holder is closed with the cluster
 
@@ -126,13 +126,13 @@ def test_a_cluster_that_fails_to_start_is_reported_at_once(
         raise OSError(errno.EADDRINUSE, "Address already in use")
         yield None  # a generator, as the real one
 
-    monkeypatch.setattr(engine, "embedded_cluster", failing_cluster)
-    monkeypatch.setattr(engine, "workers_that_fit", lambda n: n)
+    monkeypatch.setattr(startup, "embedded_cluster", failing_cluster)
+    monkeypatch.setattr(startup, "workers_that_fit", lambda n: n)
     started = time.monotonic()
     with (
         background_cluster(1) as address,
         pytest.raises(RuntimeError) as raised,
-        engine.dask_client(1),
+        startup.dask_client(1),
     ):
         pass
     # Named, with its cause, instead of 30 s of refused connections.
@@ -150,5 +150,5 @@ def test_the_client_connects_once_the_scheduler_listens_not_after_the_workers(
     _fake_cluster(monkeypatch, workers_start_s=3.0)
     with background_cluster(1) as address:
         started = time.monotonic()
-        engine._raise_if_it_failed_to_start(address)
+        startup._raise_if_it_failed_to_start(address)
         assert time.monotonic() - started < 2.0

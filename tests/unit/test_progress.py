@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from det_tasks.runner.local import run_trial
+from det_tasks.runner.in_process import run_trial
 from det_tasks.runner.progress import ProgressSink
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from det_tasks import TrialError, pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader, MetricReducer, Reducer
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 VALUES = torch.arange(1.0, 13.0)  # validation records 1..12, batch size 4 -> 3 batches

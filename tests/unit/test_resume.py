@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import NoisyMLPTrial
 
 HPARAMS = {"global_batch_size": 8}

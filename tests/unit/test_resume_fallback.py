@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from det_tasks import CheckpointError
-from det_tasks.runner.local import run_trial
+from det_tasks.runner.in_process import run_trial
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 CONFIG = FLOW_MODEL / "killable.yaml"

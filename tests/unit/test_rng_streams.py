@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OnesDataset, OneVarTrial
 
 SEED = 7

@@ -95,7 +95,7 @@ def test_a_heartbeat_frequency_the_user_set_is_kept(tmp_path: Path) -> None:
 def test_the_det_executable_exits_with_mains_code(tmp_path: Path) -> None:
     done = _python(
         "import atexit, gc, sys\n"
-        "from flows.det_cli import command\n"
+        "from det_cli import command\n"
         "atexit.register(lambda: print('collector on:', gc.isenabled()))\n"
         "sys.argv = ['det', 'experiment', 'list']\n"
         "command()\n",

@@ -10,7 +10,7 @@ import pytest
 
 from det_tasks.config import parse_config
 from det_tasks.errors import ConfigError
-from det_tasks.runner.local import run_trial
+from det_tasks.runner.in_process import run_trial
 
 SCRIPT = textwrap.dedent(
     """

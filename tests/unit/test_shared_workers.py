@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 from distributed import Reschedule
 
+from cluster.held_trials import FOREIGN_ACTIVE_S, HeldTrialPlugin
+from cluster.worker_deaths import DeathRecorder, _DeathLog, death_cause
 from det_tasks.errors import ConfigError
 from flows.stopping import DEFAULT_STOP_GRACE_S, STOP_GRACE_ENV, StopControl, stop_grace_s
-from flows.worker_deaths import DeathRecorder, _DeathLog, death_cause
-from flows.workers import FOREIGN_ACTIVE_S, HeldTrialPlugin
 
 
 def _holding(experiment_key: str, idle_s: float) -> HeldTrialPlugin:
@@ -56,7 +56,7 @@ def test_workers_let_the_groups_signals_pass_but_their_children_do_not() -> None
     ``Popen.terminate()`` work in a trial (ignoring the signal was inherited and hung one)."""
     code = (
         "import multiprocessing as mp, os, signal, time\n"
-        "from flows.workers import shield_from_group_signals\n"
+        "from cluster.held_trials import shield_from_group_signals\n"
         "def wait():\n"
         "    time.sleep(60)\n"
         "shield_from_group_signals()\n"

@@ -60,7 +60,7 @@ def _closed_port() -> int:
 def test_experiment_lookup_with_the_server_down_says_so(monkeypatch):
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from flows.submit import _find_flow_run
+    from det_cli.submission import _find_flow_run
 
     url = f"http://127.0.0.1:{_closed_port()}/api"
     start = time.monotonic()

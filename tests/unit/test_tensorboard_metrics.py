@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from det_tasks import launch, pytorch
+from det_tasks import pytorch, run_services
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 
 def _train(tmp_path: Path, **init_kwargs) -> Path:
     tb = tmp_path / "tb"
-    services = launch.RunServices(
+    services = run_services.RunServices(
         InMemoryMetricsSink(), LocalDirectoryStore(tmp_path / "c"), str(tb)
     )
-    with launch.services(services):
+    with run_services.provide(services):
         ctx = pytorch.init(hparams={"global_batch_size": 4, "learning_rate": 0.1}, **init_kwargs)
         pytorch.Trainer(OneVarTrial(ctx), ctx).fit(
             max_length=pytorch.Batch(4),

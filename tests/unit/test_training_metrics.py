@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader
 from det_tasks.pytorch._metrics import average_metric
 from det_tasks.sinks import InMemoryMetricsSink
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OnesDataset, OneVarTrial
 
 

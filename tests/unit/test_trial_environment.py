@@ -14,7 +14,7 @@ import pytest
 
 from det_tasks.config import load_config
 from det_tasks.runner.held import HeldTrial, TrialSpec
-from det_tasks.runner.local import check_entrypoint, run_trial
+from det_tasks.runner.in_process import check_entrypoint, run_trial
 from det_tasks.runner.trial_config import with_defaults
 
 MODEL = textwrap.dedent(

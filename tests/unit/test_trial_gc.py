@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from registry.checkpoints import CHECKPOINT_TAG
-from registry.gc import collect_experiment_garbage, collect_trial_garbage
+from registry.experiment_gc import collect_experiment_garbage, collect_trial_garbage
 
 
 class RecordingClient:

@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("boto3", reason="the platform extra is not installed")
 
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import CheckpointError
 from det_tasks.runner.cli import main
 from det_tasks.runner.resume import choose_resume_checkpoint
-from det_tasks.storage import LocalDirectoryStore
-from registry import uris
+from registry import checkpoint_uris as uris
 from registry.cache import fetch_checkpoint
 from registry.containment import key_within, normalised_key
 from registry.local_files import FileLocation
@@ -106,7 +106,7 @@ def test_runs_uri_leaving_the_artifact_root_is_refused_in_one_line(
     file_store: dict[str, Path], uri: str
 ) -> None:
     with pytest.raises(CheckpointError) as caught:
-        uris._fetch(uri)
+        uris.fetch_checkpoint_uri(uri)
     message = str(caught.value)
     assert message.startswith(repr(uri) + " leaves the run's artifact root")
     assert file_store["artifacts"].as_uri() in message
@@ -121,7 +121,7 @@ def test_runs_uri_inside_the_artifact_root_still_resolves(file_store: dict[str, 
         f"runs:/{RUN}/checkpoints/../checkpoints/good/",
         f"runs:/{RUN}/checkpoints/%2e%2e/checkpoints/good",
     ):
-        fetched = uris._fetch(uri)
+        fetched = uris.fetch_checkpoint_uri(uri)
         assert (fetched / "state_dict.pth").read_bytes() == b"weights"
 
 
@@ -129,11 +129,11 @@ def test_symlink_out_of_a_file_store_checkpoint_is_refused(file_store: dict[str,
     leaky = write_checkpoint(file_store["artifacts"] / "checkpoints" / "leaky")
     (leaky / "extra.pth").symlink_to(file_store["outside"] / "state_dict.pth")
     with pytest.raises(CheckpointError, match=r"extra\.pth in it is a symbolic link to /"):
-        uris._fetch(f"runs:/{RUN}/checkpoints/leaky")
+        uris.fetch_checkpoint_uri(f"runs:/{RUN}/checkpoints/leaky")
     linked = file_store["artifacts"] / "checkpoints" / "linked"
     linked.symlink_to(file_store["outside"], target_is_directory=True)
     with pytest.raises(CheckpointError, match=r"leaves the run's artifact root.*resolves to"):
-        uris._fetch(f"runs:/{RUN}/checkpoints/linked")
+        uris.fetch_checkpoint_uri(f"runs:/{RUN}/checkpoints/linked")
     assert not file_store["cache"].exists()
 
 
@@ -162,12 +162,12 @@ def test_s3_uri_leaving_the_configured_prefix_or_bucket_is_refused(
     monkeypatch.setenv("DET_TASKS_MLFLOW_ARTIFACTS", "s3://bucket/mlflow")
     for uri in ("s3://bucket/mlflow/../secrets/ckpt", "s3://bucket/mlflow/1/%2e%2e/%2e%2e/x"):
         with pytest.raises(CheckpointError) as caught:
-            uris._fetch(uri)
+            uris.fetch_checkpoint_uri(uri)
         assert str(caught.value).startswith(
             f"{uri!r} leaves the configured prefix DET_TASKS_MLFLOW_ARTIFACTS (s3://bucket/mlflow)"
         )
     with pytest.raises(CheckpointError, match="leaves the bucket 'bucket'"):
-        uris._fetch("s3://bucket/a/../../other-bucket/x")
+        uris.fetch_checkpoint_uri("s3://bucket/a/../../other-bucket/x")
     # Outside the configured prefix but written plainly: a place the user chose, not refused.
     assert uris.checkpoint_location("s3://bucket/elsewhere/ckpt").escape() is None
 
@@ -178,7 +178,7 @@ def test_file_uri_leaving_the_configured_artifact_root_is_refused(
     monkeypatch.setenv("DET_TASKS_ARTIFACT_ROOT", str(file_store["root"] / "mlruns"))
     uri = (file_store["root"] / "mlruns").as_uri() + "/1/../../outside"
     with pytest.raises(CheckpointError, match="leaves the configured prefix DET_TASKS_ARTIFACT"):
-        uris._fetch(uri)
+        uris.fetch_checkpoint_uri(uri)
     assert not file_store["cache"].exists()
 
 

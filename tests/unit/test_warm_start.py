@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from det_tasks import pytorch
+from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import ConfigError
-from det_tasks.storage import LocalDirectoryStore
 from tests.fixtures.trials import OneVarTrial
 
 HP = {"global_batch_size": 4, "learning_rate": 0.1}

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from flows.worker_heap import _glibc, reuse_freed_memory
+from cluster.worker_heap import _glibc, reuse_freed_memory
 
 CHILD = """
 import json, resource
 import numpy as np
-from flows.worker_heap import reuse_freed_memory
+from cluster.worker_heap import reuse_freed_memory
 
 def faults_of_100_buffers():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

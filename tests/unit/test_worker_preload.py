@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import warm_forkserver
+from cluster import warm_forkserver
 from registry import s3
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_dask_is_imported_before_the_main_module_so_its_loggers_keep_their_own_h
     monkeypatch.setitem(sys.modules, "__main__", main)
     order = warm_forkserver.preload_modules()
     assert order.index("distributed") < order.index("flows.experiment")
-    assert order[-1] == "flows.forkserver_heap"  # last: it freezes everything imported before
+    assert order[-1] == "cluster.forkserver_heap"  # last: it freezes everything imported before
 
 
 def _imported_after(uri: str) -> dict[str, bool]:

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from det_tasks import launch
+from det_tasks import cluster_info
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import TrialError
 from det_tasks.pytorch._data import to_device
-from det_tasks.pytorch._reducer import MetricReducer, _FunctionReducer, to_python
+from det_tasks.pytorch._reducer import FunctionReducer, MetricReducer, to_python
 from det_tasks.pytorch.experimental._job_services import BatchJobServices
 
 __all__ = ["TorchBatchProcessorContext"]
@@ -140,7 +140,7 @@ class TorchBatchProcessorContext:
                 raise TypeError(
                     f"wrap_reducer takes a function or a MetricReducer, got {reducer!r}"
                 )
-            reducer = _FunctionReducer(reducer)
+            reducer = FunctionReducer(reducer)
         self._wrapped_reducers.append(reducer)
         self._reducer_names.append(name)
         return reducer
@@ -166,5 +166,5 @@ class TorchBatchProcessorContext:
 
 
 def hparams_of_job() -> dict[str, Any]:
-    info = launch.get_cluster_info()
+    info = cluster_info.get_cluster_info()
     return dict(info.trial.hparams) if info is not None else {}

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch.utils.data
 
-from det_tasks import launch
-from det_tasks.checkpoint_format import METADATA_FILE
+from det_tasks import cluster_info
+from det_tasks.checkpoints.format import METADATA_FILE
 from det_tasks.distributed import DistributedContext
 from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch.experimental._batch_context import TorchBatchProcessorContext
@@ -94,10 +94,10 @@ def _iterate_length(max_batches: int | None, per_rank_batches: int) -> int:
 def _distributed(given: DistributedContext | None) -> DistributedContext:
     if given is not None:
         return given
-    from det_tasks.pytorch._trainer import _detect_distributed
+    from det_tasks.pytorch._trainer import detect_distributed
 
-    info = launch.get_cluster_info()
-    return _detect_distributed((info.trial.config.get("optimizations") or {}) if info else {})
+    info = cluster_info.get_cluster_info()
+    return detect_distributed((info.trial.config.get("optimizations") or {}) if info else {})
 
 
 class _Progress:
@@ -194,15 +194,8 @@ def _process(
     dist: DistributedContext,
 ) -> None:
     rank, size = dist.get_rank(), dist.get_size()
-    info = launch.get_cluster_info()
-    job_id = dist.broadcast(default_job_id() if rank == 0 else None)
-    name = str(((info.trial.config if info else None) or {}).get("name") or "batch-jobs")
-
-    writer = (rank, size)
-    services = job_services(job_id, name, writer=writer) if rank == 0 else None
-    run_id = dist.broadcast(getattr(services, "run_id", None))
-    if services is None:
-        services = job_services(job_id, name, chief=False, run_id=run_id, writer=writer)
+    info = cluster_info.get_cluster_info()
+    job_id, services = _open_job_services(dist, info)
     progress = _Progress(services, dist)
     succeeded = False
     try:
@@ -246,6 +239,22 @@ def _process(
         succeeded = True
     finally:
         services.close(succeeded)
+
+
+def _open_job_services(
+    dist: DistributedContext, info: cluster_info.ClusterInfo | None
+) -> tuple[str, Any]:
+    """The job id every rank agrees on, and this rank's services: the chief's open the
+    job's run, the other ranks' write into it."""
+    rank = dist.get_rank()
+    job_id = dist.broadcast(default_job_id() if rank == 0 else None)
+    name = str(((info.trial.config if info else None) or {}).get("name") or "batch-jobs")
+    writer = (rank, dist.get_size())
+    services = job_services(job_id, name, writer=writer) if rank == 0 else None
+    run_id = dist.broadcast(getattr(services, "run_id", None))
+    if services is None:
+        services = job_services(job_id, name, chief=False, run_id=run_id, writer=writer)
+    return job_id, services
 
 
 def _report_reducers(

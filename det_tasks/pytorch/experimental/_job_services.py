@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from det_tasks import plugins
-from det_tasks.checkpoint_format import METADATA_FILE
+from det_tasks.checkpoints.format import METADATA_FILE
+from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.errors import ConfigError
 from det_tasks.folder_names import checked_id
 from det_tasks.home import det_tasks_home
-from det_tasks.storage import CheckpointStore, LocalDirectoryStore
 
 __all__ = [
     "JOB_ID_ENV",

@@ -1,0 +1,70 @@
+"""Which worker each trial's next step prefers (Dask worker restrictions, loose: if that
+worker is gone Dask runs the step elsewhere and the step restores the trial from its
+checkpoint). Dask does the scheduling; this only keeps a trial on the worker that holds it
+in memory, and off workers another experiment's active trial holds."""
+
+from __future__ import annotations
+
+from distributed import Client
+
+from cluster.held_trials import holds_foreign_trial
+
+__all__ = ["Placement"]
+
+
+class Placement:
+    """Which worker each trial prefers: the one that holds it, while no other running
+    trial has claimed that worker; a trial starting a segment otherwise gets a worker no
+    running trial has claimed (Dask picks when every worker is claimed)."""
+
+    def __init__(self, client: Client, experiment_key: str | None = None) -> None:
+        self.client = client
+        self.experiment_key = experiment_key
+        self.home: dict[int, str] = {}
+        self.claimed: dict[str, int] = {}
+        # Workers being recycled (cluster.recycling): given nothing until they are back.
+        self.retiring: set[str] = set()
+        info = client.scheduler_info(n_workers=-1)
+        self.gpus = any(w.get("resources", {}).get("GPU") for w in info["workers"].values())
+
+    def workers(self) -> list[str]:
+        """The cluster's workers that can take a step now."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        return [w for w in workers if w not in self.retiring]
+
+    def claim(self, trial_id: int) -> str | None:
+        """A worker for the trial's next segment (None: let Dask choose)."""
+        workers = self.workers()
+        home = self.home.get(trial_id)
+        if home in workers and home not in self.claimed:
+            choice: str | None = home
+        else:
+            homes = set(self.home.values())
+            taken = self._held_by_other_experiments()
+            free = [w for w in workers if w not in self.claimed and w not in taken]
+            # Prefer a worker that holds no trial at all, then any unclaimed one.
+            free.sort(key=lambda w: w in homes)
+            choice = free[0] if free else None
+        if choice is not None:
+            self.claimed[choice] = trial_id
+        return choice
+
+    def _held_by_other_experiments(self) -> set[str]:
+        """Workers holding another experiment's active trial (a shared cluster): pinning a
+        step there would only queue it behind that trial's chain."""
+        try:
+            answers = self.client.run(holds_foreign_trial, self.experiment_key)
+        except Exception:  # a worker leaving mid-call: place as if none were taken
+            return set()
+        return {worker for worker, held in answers.items() if held is True}
+
+    def ran(self, trial_id: int, worker: str) -> None:
+        """The trial's step ran on ``worker``: it holds the trial now (and nothing else)."""
+        self.home = {t: w for t, w in self.home.items() if w != worker}
+        self.home[trial_id] = worker
+        self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
+        self.claimed.setdefault(worker, trial_id)
+
+    def done(self, trial_id: int) -> None:
+        """The trial's segment ended: its worker may take another trial."""
+        self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}

@@ -1,0 +1,237 @@
+"""Running a trial's steps on the cluster: every step is submitted here.
+
+``submit_step`` runs one position-addressed step (``cluster.held_trials.run_step``) on a
+worker, preferring the one ``cluster.placement`` chose, and watches it: a step no worker can
+run fails loudly within a minute, one Dask cancels on its own is resubmitted, and a worker
+that died under it is explained (``cluster.worker_deaths``). ``release_step`` ends a held
+trial; the cluster-wide calls stop, release or kill trials on every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from distributed import Client, Future, KilledWorker, Scheduler, default_client, wait
+
+from cluster.held_trials import (
+    StepRequest,
+    StepResult,
+    exit_soon,
+    release_all,
+    request_stop,
+    run_step,
+)
+from cluster.stop_requests import stop_requested
+from cluster.worker_deaths import explain_death
+
+__all__ = [
+    "StepFuture",
+    "StepStranded",
+    "release_on",
+    "run_step_explained",
+    "wait_for_releases",
+    "kill_worker_process",
+    "release_everywhere",
+    "step_key_prefix",
+    "stop_everywhere",
+    "submit_step",
+    "workers_running",
+]
+
+_logger = logging.getLogger(__name__)
+
+# How often a waiting step looks at its task's state in the scheduler, and how long it may
+# sit where no worker can run it before the experiment fails, naming it.
+WATCH_INTERVAL_S = 5.0
+STRANDED_AFTER_S = 60.0
+# A step Dask cancels on its own (a dropped scheduler connection) is run again this often.
+MAX_CANCELLED_RESUBMITS = 3
+
+
+class StepStranded(RuntimeError):
+    """A step that no worker of the cluster can run (the watchdog's loud failure)."""
+
+
+def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
+    """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
+    and wait for its result; a lost worker surfaces as distributed.KilledWorker.
+
+    The wait is watched: Dask leaves a step pinned (loosely) to a worker that is gone in
+    its ``no-worker`` state even when other workers are idle (its scheduler's
+    bulk_schedule_unrunnable_after_adding_worker ignores loose restrictions), so such a
+    step is resubmitted unpinned; a step that no worker can take for STRANDED_AFTER_S fails
+    with StepStranded instead of hanging the experiment."""
+    client = default_client()
+    future = _submit(client, request, worker, gpus)
+    done = _done_event(future)
+    stranded_since: float | None = None
+    cancelled = 0
+    try:
+        while True:
+            # Waited on an event, not Future.result(timeout=...): under a heavy load the
+            # latter's timeout can race the result inside distributed.utils.sync, which then
+            # raised UnboundLocalError ('result') out of a step that was still running.
+            if done.wait(WATCH_INTERVAL_S):
+                if future.status != "cancelled" or cancelled >= MAX_CANCELLED_RESUBMITS:
+                    result: StepResult = future.result()
+                    return result
+                # Cancelled by Dask, not by us (e.g. the client's connection to the
+                # scheduler dropped and was re-made): run it again on any worker.
+                cancelled += 1
+                _logger.warning(
+                    "step %s of trial %s was cancelled by Dask (%s); resubmitting it",
+                    request.kind,
+                    request.trial.trial_id,
+                    future.exception(),
+                )
+                future.release()
+                future = _submit(client, request, None, gpus)
+                done = _done_event(future)
+                continue
+            state, restrictions = _task_state(client, future.key)
+            if state != "no-worker":
+                stranded_since = None
+                continue
+            if restrictions:  # pinned to a worker that is gone: any worker may restore it
+                future.cancel()
+                future.release()
+                future = _submit(client, request, None, gpus)
+                done = _done_event(future)
+                continue
+            now = time.monotonic()
+            stranded_since = stranded_since or now
+            if now - stranded_since >= STRANDED_AFTER_S:
+                future.cancel()
+                raise _stranded(client, request, gpus)
+    finally:
+        # Released at once: a result kept alive (a timed-out wait's traceback holds a
+        # future until the next garbage collection) is "lost" when its worker is recycled,
+        # and Dask would recompute the step outside the flow, rebuilding a finished trial.
+        future.release()
+
+
+def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    need = f" with GPU={gpus}" if gpus else ""
+    return StepStranded(
+        f"step {request.kind} of trial {request.trial.trial_id} (batches "
+        f"{request.start}..{request.stop}) found no worker{need} to run it for "
+        f"{STRANDED_AFTER_S:.0f} s; the cluster has {workers} worker(s)"
+    )
+
+
+def run_step_explained(
+    request: StepRequest, worker: str | None = None, gpus: int = 0
+) -> StepResult:
+    """``submit_step``, where a worker that died under the step becomes a ``StepFailed``
+    saying how (exit code, likely cause: cluster.worker_deaths); not retryable once the
+    experiment is stopping (its trial was killed on purpose, or dies with the rest)."""
+    try:
+        return submit_step(request, worker, gpus)
+    except KilledWorker as err:
+        client = default_client()
+        failure = explain_death(client, err, request)
+        if stop_requested(client, request.trial.experiment_run_key or "") is not None:
+            failure.retryable = False
+        raise failure from None
+
+
+StepFuture = Future  # what release_on returns (a distributed.Future)
+
+
+def release_on(worker: str, request: StepRequest) -> StepFuture:
+    """Submit a held trial's ``release`` step to the worker that holds it (fire and forget;
+    any worker may run it if that one is gone: there is then nothing to release)."""
+    return default_client().submit(
+        run_step, request, pure=False, workers=[worker], allow_other_workers=True
+    )
+
+
+def wait_for_releases(releases: list[StepFuture], timeout_s: float) -> None:
+    """Wait until the release steps are done (raises TimeoutError after ``timeout_s``)."""
+    wait(releases, timeout=timeout_s)
+
+
+def _done_event(future: Any) -> threading.Event:
+    """Set once ``future`` finished, erred or was cancelled (Dask calls back in a thread)."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    return done
+
+
+def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int) -> Any:
+    return client.submit(
+        run_step,
+        request,
+        key=f"{step_key_prefix(request.trial.experiment_run_key, request.trial.trial_id)}"
+        f"{request.kind}-{request.stop}-{uuid.uuid4().hex[:8]}",
+        pure=False,
+        workers=[worker] if worker else None,
+        allow_other_workers=bool(worker),  # Dask refuses it without workers=
+        resources={"GPU": gpus} if gpus else None,
+    )
+
+
+def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
+    """How every Dask key of the trial's steps begins: trial ids repeat between the
+    experiments that share a cluster, so the experiment is in it too."""
+    return f"trial-{trial_id}-of-{(experiment_key or 'local')[:8]}-"
+
+
+def workers_running(client: Client, experiment_key: str | None, trial_id: int) -> list[str]:
+    """The workers running a step of the trial now (the scheduler's view)."""
+    prefix = step_key_prefix(experiment_key, trial_id)
+
+    def look(dask_scheduler: Scheduler, prefix: str) -> list[str]:
+        return sorted(
+            ts.processing_on.address
+            for key, ts in dask_scheduler.tasks.items()
+            if isinstance(key, str) and key.startswith(prefix) and ts.processing_on is not None
+        )
+
+    return list(client.run_on_scheduler(look, prefix=prefix))
+
+
+def _task_state(client: Client, key: str) -> tuple[str | None, list[str]]:
+    """The scheduler's state of task ``key`` and its worker restrictions."""
+
+    def look(dask_scheduler: Scheduler, key: str) -> tuple[str | None, list[str]]:
+        ts = dask_scheduler.tasks.get(key)
+        if ts is None:
+            return None, []
+        return ts.state, sorted(ts.worker_restrictions or ())
+
+    state, restrictions = client.run_on_scheduler(look, key=key)
+    return state, list(restrictions)
+
+
+def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:
+    """Ask every worker holding one of the experiment's trials to stop it at its next batch
+    boundary; the number of trials asked."""
+    return sum(bool(v) for v in client.run(request_stop, experiment_key, mode).values())
+
+
+def kill_worker_process(client: Client, worker: str) -> bool:
+    """Kill ``worker``'s process, and the processes its trial started (DataLoader workers,
+    subprocesses), at once: for a trial stuck in user code that a stop request cannot
+    reach. Its Nanny starts a fresh worker; the step it ran fails (KilledWorker). True if the
+    worker was asked."""
+    try:
+        answers = client.run(exit_soon, workers=[worker], on_error="return")
+    except Exception as err:  # gone already, or the scheduler is unreachable
+        _logger.warning("could not kill Dask worker %s: %s", worker, err)
+        return False
+    return answers.get(worker) is True
+
+
+def release_everywhere(
+    client: Client, experiment_key: str | None = None, stopped_as: str | None = None
+) -> int:
+    """End the held trials (closing their MLflow runs) on every worker: all, or only
+    ``experiment_key``'s; ``stopped_as`` ends their runs KILLED with that state."""
+    counts = client.run(release_all, experiment_key, stopped_as)
+    return sum(int(n) for n in counts.values())

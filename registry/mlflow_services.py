@@ -1,0 +1,242 @@
+"""MLflow + S3 services for one trial run: what ``det-tasks run`` (and the flows) plug into
+the harness when MLFLOW_TRACKING_URI is set."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import uuid as uuid_lib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from det_tasks.errors import StepFailed, TrialStopped
+from det_tasks.run_services import RunServices
+from registry import s3 as s3_lib
+from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore
+from registry.experiment_gc import collect_experiment_garbage, collect_trial_garbage
+from registry.metrics import MlflowMetricsSink
+from registry.models import trial_runs
+from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
+from registry.settings import RegistrySettings
+from registry.summary import best_trial, log_best_trial
+from registry.system_metrics import start_system_metrics
+from registry.tracking import (
+    DESCRIPTION_TAG,
+    ERROR_TAG,
+    ExperimentRuns,
+    client_for,
+    mlflow_link,
+    report_link,
+)
+from registry.trial_states import ERROR, STOPPED
+
+__all__ = [
+    "ERROR_TAG",
+    "code_version",
+    "finish_experiment",
+    "start_system_metrics",
+    "trial_run_tags",
+    "trial_services",
+]
+
+
+def code_version(model_dir: Path) -> str:
+    """A short hash of the model directory's files (what code produced a run)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        if "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        digest.update(path.relative_to(model_dir).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def trial_run_tags(raw_config: dict[str, Any], model_dir: Path, seed: int) -> dict[str, str]:
+    """The tags a trial run is created with (by the trial itself or by the experiment flow,
+    which creates it first so its tasks can name it)."""
+    return {
+        "det.seed": str(seed),
+        "det.code_version": code_version(model_dir),
+        "det.entrypoint": str(raw_config.get("entrypoint")),
+        "det.user": os.environ.get("USER", ""),
+    }
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def trial_services(
+    raw_config: dict[str, Any],
+    hparams: dict[str, Any],
+    *,
+    model_dir: Path,
+    experiment_name: str,
+    trial_id: str = "1",
+    experiment_run_key: str | None = None,
+    seed: int = 0,
+) -> Iterator[RunServices]:
+    """An MLflow child run (metrics sink) and its S3 checkpoint store, ended on exit.
+
+    Without ``experiment_run_key`` this trial is the whole experiment run and ends it too;
+    with one, an orchestrator (the experiment flow) owns the experiment run.
+    """
+    owns_experiment_run = experiment_run_key is None
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        raise RuntimeError("trial_services needs MLFLOW_TRACKING_URI")
+    client = client_for(settings.tracking_uri)
+    runs = ExperimentRuns(
+        client, experiment_name, experiment_run_key or uuid_lib.uuid4().hex, raw_config
+    )
+    run_id = runs.trial_run(trial_id, hparams, trial_run_tags(raw_config, model_dir, seed))
+    runs.reopen(run_id)  # a promoted or activated trial continues its own run
+    # Built at its first use: a run whose artifacts are local files (no servers) never
+    # needs it, and boto3's set-up was 80 ms of each trial's start on a warm worker.
+    s3 = s3_lib.LazyClient(settings.s3_endpoint)
+    sink = MlflowMetricsSink(client, run_id, spill_dir=settings.cache_dir / "spill" / run_id)
+    store = _checkpoint_store(client, s3, run_id, settings)
+    tensorboard_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb")))
+    link = mlflow_link(settings.tracking_uri, runs.experiment_id, run_id)
+    if owns_experiment_run:
+        print(f"MLflow run: {link}", file=sys.stderr)
+    monitor = start_system_metrics(settings, run_id)
+    status, error = "FAILED", None
+    state: str | None = ERROR
+    try:
+        yield RunServices(
+            metrics_sink=sink,
+            checkpoint_store=store,
+            tensorboard_dir=str(tensorboard_dir),
+            run_url=link,
+        )
+        status, state = "FINISHED", None  # COMPLETED
+    except TrialStopped as stopped:  # not a failure: the searcher, a pause, cancel or kill
+        # The searcher's stop is a normal end (FINISHED); a stop on request is KILLED.
+        status = "FINISHED" if stopped.state == STOPPED else "KILLED"
+        state = stopped.state
+        raise
+    except BaseException as err:
+        error = err
+        raise
+    finally:
+        if monitor is not None:
+            monitor.finish()
+        store.close()
+        sink.close()
+        _upload_tensorboard(client, run_id, tensorboard_dir)
+        _end_runs(runs, run_id, s3, (status, state, error), owns_experiment_run)
+
+
+def _checkpoint_store(
+    client: Any, s3: Any, run_id: str, settings: RegistrySettings
+) -> S3CheckpointStore:
+    return S3CheckpointStore(
+        client,
+        s3,
+        run_id,
+        artifacts_destination=settings.artifacts_destination,
+        cache_dir=settings.cache_dir,
+    )
+
+
+def _upload_tensorboard(client: Any, run_id: str, tensorboard_dir: Path) -> None:
+    """The trial's TensorBoard event files (if it wrote any) as the run's artifacts."""
+    if any(p.is_file() for p in tensorboard_dir.rglob("*")):
+        client.log_artifacts(run_id, str(tensorboard_dir), artifact_path="tensorboard")
+    shutil.rmtree(tensorboard_dir, ignore_errors=True)
+
+
+def _end_runs(
+    runs: ExperimentRuns,
+    run_id: str,
+    s3: Any,
+    ending: tuple[str, str | None, BaseException | None],
+    owns_experiment_run: bool,
+) -> None:
+    """End the trial run (and the experiment run it owns) with ``ending``'s (MLflow status,
+    det.state, error); a run a failure left empty is deleted instead."""
+    client = runs.client
+    status, state, error = ending
+    if error is not None and _left_empty(client, run_id, owns_experiment_run, runs):
+        _delete_runs(client, [run_id] + ([runs.parent_run_id] if owns_experiment_run else []))
+        return
+    if error is not None:
+        _tag_error(client, run_id, error)
+    runs.finish(run_id, status, state)
+    if owns_experiment_run:
+        finish_experiment(runs, s3, status)
+    elif status == "FINISHED":
+        parent = client.get_run(runs.parent_run_id)
+        collect_trial_garbage(client, s3, parent, run_id)
+
+
+def _left_empty(client: Any, run_id: str, owns_parent: bool, runs: ExperimentRuns) -> bool:
+    """A trial run that failed before it recorded anything of its own (no training metric,
+    no checkpoint), in an experiment run it owns: an empty FAILED pair nobody wants."""
+    if not owns_parent:
+        return False
+    run = client.get_run(run_id)
+    recorded = [k for k in run.data.metrics if not k.startswith("system/")]
+    return not recorded and not any(k.startswith(CHECKPOINT_TAG) for k in run.data.tags)
+
+
+def _delete_runs(client: Any, run_ids: list[str]) -> None:
+    """Ended FAILED, then deleted: a deleted run still RUNNING would never end (the orphan
+    sweep and the UI's "show deleted" see it running for good)."""
+    for run_id in run_ids:
+        with contextlib.suppress(Exception):  # best effort: the error being raised matters
+            client.set_terminated(run_id, "FAILED")
+        with contextlib.suppress(Exception):
+            client.delete_run(run_id)
+
+
+def _tag_error(client: Any, run_id: str, error: BaseException) -> None:
+    described = isinstance(error, StepFailed)  # its text names the trial, function and batch
+    text = (str(error) if described else f"{type(error).__name__}: {error}")[:5000]
+    with contextlib.suppress(Exception):
+        client.set_tag(run_id, ERROR_TAG, text)
+
+
+def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -> None:
+    """End of an experiment run: GC by policy, the winner on the parent run, the learning
+    curves (PNG) and the interactive plots (HTML), the parent's end."""
+    client = runs.client
+    parent = client.get_run(runs.parent_run_id)
+    trials = trial_runs(client, parent)
+    if status == "FINISHED":
+        collect_experiment_garbage(client, s3, parent, trials)
+        searcher = runs.raw_config.get("searcher") or {}
+        metric = searcher.get("metric")
+        if metric:
+            smaller = bool(searcher.get("smaller_is_better", True))
+            best = best_trial(client, trials, metric, smaller)
+            if best is not None:
+                log_best_trial(client, runs.parent_run_id, best)
+            curves = trial_curves(client, trials, metric)
+            log_learning_curves(client, runs.parent_run_id, curves, metric)
+            page = log_interactive_plots(
+                client, runs.parent_run_id, curves, metric, smaller, runs.raw_config
+            )
+            if page is not None:
+                _describe_report(runs, page)
+    runs.finish(runs.parent_run_id, status)
+
+
+def _describe_report(runs: ExperimentRuns, path: str) -> None:
+    """The parent run's description links its interactive page in MLflow's artifact viewer
+    (a plain artifact link would download it)."""
+    uri = RegistrySettings.from_env().tracking_uri or ""
+    link = report_link(uri, runs.experiment_id, runs.parent_run_id, path)
+    if uri.startswith(("http://", "https://")):
+        text = f"Learning curves and the metric against each hyperparameter: [{path}]({link})"
+    else:
+        text = f"Learning curves and the metric against each hyperparameter: {link}"
+    runs.client.set_tag(runs.parent_run_id, DESCRIPTION_TAG, text)

@@ -115,6 +115,6 @@ def command() -> NoReturn:
     interpreter's last garbage collections (0.25 s of every command's exit, with Prefect
     loaded). No user code runs in this process, so nothing waits on a collection."""
     code = main()
-    from flows.console import exit_without_final_collection
+    from flows.quiet_shutdown import exit_without_final_collection
 
     exit_without_final_collection(code)

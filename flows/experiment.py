@@ -120,8 +120,8 @@ from det_tasks.runner.in_process import check_entrypoint
 from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
-from flows.console import exit_without_final_collection, quiet_prefect_shutdown
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
+from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable
 from registry.activation import check_activatable

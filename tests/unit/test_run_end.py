@@ -37,7 +37,7 @@ def test_exit_keeps_the_code_and_the_atexit_handlers_and_skips_the_collection(
 ) -> None:
     done = _python(
         "import atexit, gc, sys\n"
-        "from flows.console import exit_without_final_collection\n"
+        "from flows.quiet_shutdown import exit_without_final_collection\n"
         "junk = [[i] for i in range(1000)]\n"
         "state = lambda: print('atexit ran', gc.isenabled(), gc.get_freeze_count() > 999)\n"
         "atexit.register(state)\n"

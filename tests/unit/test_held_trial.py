@@ -4,6 +4,7 @@ draws from the global RNG between its steps (dropout makes the trial depend on i
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import textwrap
 from pathlib import Path
@@ -159,3 +160,22 @@ def test_script_entrypoints_are_not_held(model_dir: Path, tmp_path: Path) -> Non
         ConfigError, match="cannot be held in one process: its entrypoint is a script"
     ):
         HeldTrial(spec)
+
+
+def test_a_worker_builds_the_trial_from_the_config_the_flow_parsed(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """The flow's parsed config travels in the spec: the worker never reads the file (here
+    gone), and the config's overrides are the ones the flow applied."""
+    flow_raw, _ = trial_config(_spec(model_dir, tmp_path / "store"))
+    (model_dir / "config.yaml").unlink()
+    spec = dataclasses.replace(
+        _spec(model_dir, tmp_path / "store"), overrides=(), raw_config=flow_raw
+    )
+    trial = HeldTrial(spec)
+    try:
+        assert trial.train_to(5) == 5
+        _, uri = trial.checkpoint()
+        assert Path(uri).parent == tmp_path / "store"  # the flow's override, not the file's
+    finally:
+        trial.close()

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from det_tasks.errors import CheckpointError
 from det_tasks.checkpoints.safe_unpickle import load_pickle, torch_safe_globals
+from det_tasks.errors import CheckpointError
 
 __all__ = [
     "FORMAT_VERSION",

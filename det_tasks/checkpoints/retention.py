@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from det_tasks.sinks import ReportedCheckpoint
 from det_tasks.checkpoints.store import CheckpointStore
+from det_tasks.sinks import ReportedCheckpoint
 
 __all__ = ["checkpoints_to_keep", "collect_garbage"]
 

@@ -266,11 +266,11 @@ CASES = [
     Case("side_files", check_side_files),
     Case("hparams_config", check_hparams_config, out_key="report_dir"),
     Case("reducers", check_reducers),
-    # The flows' workers ignore SIGTERM and their children inherit it, so `with Pool()`
-    # can hang there when terminate() meets a worker still waiting for work (reported; see
-    # test_flow_trials_child_processes_keep_default_signals): the pool runs under det-tasks
-    # run only, the flows featurize in the trial's own process (the same features).
-    Case("subprocesses", check_subprocesses),
+    # A known gap (docs/migrating.md): a torch.multiprocessing Pool forked inside a flow's
+    # Dask worker (a process with several threads) hung in 1 of 3 CI-like runs, and the
+    # stuck trial then held its warm worker. Until that is fixed the flows featurize in the
+    # trial's own process (the same features); det-tasks run keeps the pool.
+    Case("subprocesses", check_subprocesses, flow_overrides=("data.pool_size=0",)),
     Case("odd_names", check_odd_names),
     Case("lengths", check_lengths_epochs, out_key="log_dir"),
     Case("lengths", check_lengths_records, config="records.yaml", out_key="log_dir"),

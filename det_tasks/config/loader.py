@@ -30,6 +30,7 @@ __all__ = [
     "parse_config",
     "parse_with_overrides",
     "parse_yaml_text",
+    "read_config_file",
 ]
 
 MAX_CONFIG_BYTES = 1_000_000
@@ -121,16 +122,21 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: YAML nested too deeply") from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read, override and validate an experiment config file."""
-    path = Path(path)
+def read_config_file(path: Path) -> Any:
+    """The config file's YAML, parsed; a missing or unreadable file is a ConfigError naming it."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
-    return parse_with_overrides(parse_yaml_text(text, str(path)), overrides, str(path))
+    return parse_yaml_text(text, str(path))
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment config file."""
+    path = Path(path)
+    return parse_with_overrides(read_config_file(path), overrides, str(path))
 
 
 def parse_with_overrides(raw: Any, overrides: list[str] | None, source: str) -> ExperimentConfig:

@@ -17,7 +17,7 @@ from typing import Any
 from det_tasks import plugins
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.config import ExperimentConfig, Length, apply_overrides, sample_hparams
-from det_tasks.config.loader import parse_with_overrides, parse_yaml_text
+from det_tasks.config.loader import parse_with_overrides, read_config_file
 from det_tasks.config.storage_paths import check_checkpoint_storage
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch._trainer import length_to_unit, store_from_config
@@ -55,13 +55,7 @@ def load_raw_config(
     path: Path, overrides: list[str] | None
 ) -> tuple[dict[str, Any], ExperimentConfig]:
     """The raw mapping (what get_experiment_config() returns) and its validated form."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
-    raw = parse_yaml_text(text, str(path))
+    raw = read_config_file(path)
     config = parse_with_overrides(raw, overrides, str(path))
     return (apply_overrides(raw, overrides) if overrides else raw), config
 

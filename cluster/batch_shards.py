@@ -30,7 +30,7 @@ from cluster.batch_data import load_dataset, model_input, shard_batches
 from cluster.worker_heap import reuse_freed_memory
 from det_tasks.checkpoints.format import verify
 from det_tasks.checkpoints.references import open_checkpoint_uri
-from det_tasks.pytorch import load_trial_from_checkpoint_path
+from det_tasks.pytorch import load_trial_from_checkpoint_path, to_device
 from det_tasks.pytorch._load import check_code_trusted
 from registry import parquet_dataset
 from registry import s3 as s3_lib
@@ -72,6 +72,8 @@ def _code_dir(source: str) -> Path | None:
 def _model(source: str) -> Any:
     """The trial, loaded once per worker process and kept between shards."""
     trial = load_trial_from_checkpoint_path(source)
+    if isinstance(trial, torch.nn.Module):  # a build_model() trial loads as its model
+        return trial.eval()
     for model in trial.context.models:
         model.eval()
     return trial
@@ -167,6 +169,16 @@ class _Spill:
             self.writer.close()
 
 
+def _predictor(loaded: Any) -> tuple[Any, torch.device]:
+    """What predicts a batch, and its device: the trial's predict_batch or first model, or
+    the bare model a build_model() trial loads as (as Determined loads it)."""
+    if isinstance(loaded, torch.nn.Module):
+        first = next(loaded.parameters(), None)
+        return loaded, first.device if first is not None else torch.device("cpu")
+    predict = getattr(loaded, "predict_batch", None) or loaded.context.models[0]
+    return predict, loaded.context.device
+
+
 def run_shard(req: ShardRequest) -> dict[str, Any]:
     """Predict one shard; skipped (``skipped: True``) when its object already exists."""
     started = time.perf_counter()
@@ -177,8 +189,7 @@ def run_shard(req: ShardRequest) -> dict[str, Any]:
         return {"shard": req.shard, "skipped": True, "rows": 0, "seconds": 0.0}
     _release_held_trial()
     trial = _model(req.model_source)
-    predict = getattr(trial, "predict_batch", None) or trial.context.models[0]
-    device = trial.context.device
+    predict, device = _predictor(trial)
     on_cpu = device.type == "cpu"
     scratch = Path(tempfile.mkdtemp(prefix="det-tasks-shard-"))
     try:
@@ -189,7 +200,7 @@ def run_shard(req: ShardRequest) -> dict[str, Any]:
         with reuse_freed_memory(), torch.inference_mode():
             for ids, batch in batches:
                 inputs = model_input(batch)
-                out = predict(inputs if on_cpu else trial.context.to_device(inputs))
+                out = predict(inputs if on_cpu else to_device(inputs, device))
                 spill.add(ids, out.detach().float().cpu().reshape(len(ids), -1).numpy())
             spill.close()
         stream_seconds = time.perf_counter() - streaming

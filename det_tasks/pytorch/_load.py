@@ -29,6 +29,7 @@ from det_tasks.pytorch._context import (
     TrialSettings,
 )
 from det_tasks.pytorch._legacy import adapt_trial
+from det_tasks.pytorch._legacy_load import bare_model_of
 
 __all__ = ["CheckpointLoadContext", "check_code_trusted", "load_trial_from_checkpoint_path"]
 
@@ -83,16 +84,16 @@ def load_trial_from_checkpoint_path(
     *,
     prepare_imports: Callable[[], object] | None = None,
 ) -> Any:
-    """Rebuild the trial (models restored, in eval mode) from a checkpoint directory or URI.
+    """Rebuild the trial (models restored, in eval mode) from a checkpoint directory or URI;
+    a ``build_model()`` trial (pre-0.13) comes back as that bare module, as in Determined.
 
     ``trial_class`` defaults to the class recorded in ``load_data.json``, imported from the
     checkpoint's ``code/``; ``hparams`` default to the ones the checkpoint was trained with.
     Importing that code runs it, so it needs a checkpoint this installation wrote, a
     ``runs:/``/``models:/`` reference (the allow-listed registry), or ``trust_code=True``
-    (see det_tasks.checkpoints.trust). ``prepare_imports`` runs just before that code is imported:
-    ``det_tasks.compat`` passes its install step, so code that imports ``determined`` finds
-    it (this package never imports the compatibility layer, which is built from it).
-    """
+    (det_tasks.checkpoints.trust). ``prepare_imports`` runs just before that code is imported:
+    ``det_tasks.compat``'s install step, so code importing ``determined`` finds it (this
+    package never imports the compatibility layer, which is built from it)."""
     with open_checkpoint_uri(str(path)) as directory:
         metadata = ckpt.verify(directory)
         load_data = read_load_data(directory)
@@ -122,7 +123,10 @@ def load_trial_from_checkpoint_path(
             device=str(device),
         )
         context = CheckpointLoadContext(settings)
-        trial = adapt_trial(trial_class(context, **(trial_kwargs or {})), context)
+        trial = trial_class(context, **(trial_kwargs or {}))
+        if (bare := bare_model_of(trial, state, context.device)) is not None:
+            return bare
+        trial = adapt_trial(trial, context)
         from det_tasks.pytorch._restore import load_state
 
         rng_free = {k: v for k, v in state.items() if k != "rng_state"}

@@ -7,6 +7,7 @@ window of scalars into Python floats with one transfer per device.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -18,11 +19,13 @@ from det_tasks.pytorch._reducer import to_python
 
 __all__ = [
     "TrainingMetricsBuffer",
+    "as_numpy",
     "average_across_ranks",
     "average_metric",
     "check_metrics",
     "detach_metrics",
     "materialize",
+    "numpy_batches",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,44 @@ def materialize(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, metrics in enumerate(batches):
         out[i] = {k: out[i][k] for k in metrics}  # keep the user's key order
     return out
+
+
+def numpy_batches(
+    batches: list[dict[str, Any]], plain: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per-batch metrics as Determined hands them to callbacks: each tensor as the numpy
+    array ``tensor.cpu().numpy()`` gives (its dtype and shape), built from ``materialize``'s
+    numbers (float64 holds every float32/float16 value exactly) so no second transfer;
+    other values as the trial returned them."""
+    return [
+        {
+            key: _numpy_like(value, numbers[key]) if isinstance(value, torch.Tensor) else value
+            for key, value in metrics.items()
+        }
+        for metrics, numbers in zip(batches, plain, strict=True)
+    ]
+
+
+def as_numpy(value: Any) -> Any:
+    """A tensor as Determined's ``_convert_metrics_to_numpy`` leaves it (a numpy array);
+    anything else unchanged."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach().cpu()
+    return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+
+
+def _numpy_like(tensor: torch.Tensor, number: Any) -> np.ndarray:
+    return np.asarray(number, dtype=_numpy_dtype(tensor.dtype)).reshape(tuple(tensor.shape))
+
+
+@functools.lru_cache(maxsize=32)
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """numpy's dtype for a torch dtype; bfloat16, which numpy lacks, as float32."""
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError:
+        return np.dtype(np.float32)
 
 
 def _held(value: Any) -> Any:

@@ -16,7 +16,14 @@ import numpy as np
 
 from det_tasks.errors import TrialError
 
-__all__ = ["FunctionReducer", "MetricReducer", "Reducer", "reduce_batch_metrics", "to_python"]
+__all__ = [
+    "FunctionReducer",
+    "MetricReducer",
+    "Reducer",
+    "reduce_batch_metrics",
+    "simple_reduce",
+    "to_python",
+]
 
 
 class Reducer(enum.Enum):
@@ -82,27 +89,38 @@ def to_python(value: Any) -> Any:
     return value
 
 
-def _combine(reducer: Reducer, slot_values: list[list[float]]) -> float:
-    flat = [v for slot in slot_values for v in slot]
-    if not flat:
-        return math.nan
+def simple_reduce(reducer: Reducer, values: Any, weights: list[int] | None = None) -> Any:
+    """Determined's reduction of stacked values, in their own dtype: float32 metrics reduce
+    in float32 and come back as ``np.float32`` (what its callbacks receive)."""
     if reducer is Reducer.AVG:
-        return float(np.mean(flat))
+        return np.average(values, weights=weights)
     if reducer is Reducer.SUM:
-        return float(np.sum(flat))
+        return np.sum(values)
     if reducer is Reducer.MAX:
-        return float(np.max(flat))
-    return float(np.min(flat))
+        return np.max(values)
+    return np.min(values)
+
+
+def _reduce_slots(reducer: Reducer, slot_values: list[list[Any]]) -> Any:
+    """Per slot over its stacked batches, then across the slots that had any (an average
+    weighted by their batch counts), as Determined's ``_reduce_metrics`` does."""
+    per_slot = [(simple_reduce(reducer, np.stack(v)), len(v)) for v in slot_values if v]
+    if not per_slot:
+        return math.nan
+    if len(per_slot) == 1:
+        return per_slot[0][0]
+    values, counts = zip(*per_slot, strict=True)
+    return simple_reduce(reducer, list(values), weights=list(counts))
 
 
 def reduce_batch_metrics(
     reducers: Reducer | dict[str, Reducer],
     per_slot_batches: list[list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """Reduce every slot's list of per-batch metric dicts into one dict.
+    """Reduce every slot's list of per-batch metric dicts into one dict of numpy scalars.
 
-    AVG is the mean over all batches of all slots, which equals the single-process mean
-    when every slot saw the same number of batches (Determined's sampler guarantees it).
+    Each slot reduces its own batches, then the slots' results combine (AVG weighted by
+    each slot's batch count), as in Determined; one slot gives the single-process answer.
     """
     keys: list[str] = []
     for batches in per_slot_batches:
@@ -127,15 +145,17 @@ def reduce_batch_metrics(
         values = [
             [_scalar(key, m[key]) for m in batches if key in m] for batches in per_slot_batches
         ]
-        out[key] = _combine(reducer, values)
+        out[key] = _reduce_slots(reducer, values)
     return out
 
 
-def _scalar(key: str, value: Any) -> float:
-    value = to_python(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _scalar(key: str, value: Any) -> Any:
+    """The value itself (a number, numpy scalar or 0-d array), refused unless it is one
+    number: per-batch validation metrics reduce to one value each."""
+    plain = to_python(value)
+    if isinstance(plain, bool) or not isinstance(plain, int | float):
         raise TrialError(
-            f"metric {key!r} is {value!r}: per-batch metrics must be scalars (a number or a "
+            f"metric {key!r} is {plain!r}: per-batch metrics must be scalars (a number or a "
             "one-element tensor); reduce it yourself or use context.experimental.wrap_reducer"
         )
-    return float(value)
+    return value

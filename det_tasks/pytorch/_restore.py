@@ -20,7 +20,7 @@ from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
 
-__all__ = ["load_state", "open_checkpoint", "overridden"]
+__all__ = ["load_model_weights", "load_state", "open_checkpoint", "overridden"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def load_state(
             f"{len(context.models)} models; was it written by a different trial class?"
         )
     for model, sd in zip(context.models, models):
-        _load_model(model, sd)
+        load_model_weights(model, sd)
     optimizers = state.get("optimizers_state_dict")
     if optimizers is None and "optimizer_state_dict" in state:
         optimizers = [state["optimizer_state_dict"]]
@@ -94,7 +94,9 @@ def _matching(kind: str, saved: list[Any] | None, wrapped: list[Any]) -> list[An
     return list(saved)
 
 
-def _load_model(model: torch.nn.Module, sd: dict[str, Any]) -> None:
+def load_model_weights(model: torch.nn.Module, sd: dict[str, Any]) -> None:
+    """Load a state dict into a model, DDP-wrapped or not, with or without the "module."
+    prefix; a shape that does not fit is a CheckpointError naming the model."""
     is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     target: torch.nn.Module = model.module if is_ddp else model  # type: ignore[assignment]
     sd = dict(sd)

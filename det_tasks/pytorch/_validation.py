@@ -1,7 +1,9 @@
 """One validation pass: evaluate_batch (sharded, reduced) or evaluate_full_dataset (chief).
 
 Metrics stay tensors until the pass ends, then are read in one transfer; reduction goes
-per-slot then cross-slot, so N ranks give the single-process answer.
+per-slot then cross-slot, as Determined's does. Callbacks see Determined's types (numpy
+arrays and scalars: a float32 loss averages in float32 to an ``np.float32``); what the pass
+returns (to sinks, results, checkpoint metadata) is the same numbers as Python values.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader
 from det_tasks.pytorch._feeder import iterate_batches
-from det_tasks.pytorch._metrics import check_metrics, detach_metrics, materialize
+from det_tasks.pytorch._metrics import (
+    as_numpy,
+    check_metrics,
+    detach_metrics,
+    materialize,
+    numpy_batches,
+)
 from det_tasks.pytorch._reducer import reduce_batch_metrics, to_python
 from det_tasks.pytorch._trial import (
     evaluate_batch_defined,
@@ -33,7 +41,8 @@ def validate(
     callbacks: dict[str, PyTorchCallback],
     test_mode: bool = False,
 ) -> dict[str, Any]:
-    """Run validation and every validation callback; returns the reduced metrics."""
+    """Run validation and every validation callback; returns the reduced metrics as Python
+    values (callbacks saw them as Determined gives them, and may have added some)."""
     by_batch = evaluate_batch_defined(trial)
     by_dataset = evaluate_full_dataset_defined(trial)
     if by_batch == by_dataset:
@@ -62,7 +71,7 @@ def validate(
     finally:
         for model in context.models:
             model.train()
-    return metrics
+    return {key: to_python(value) for key, value in metrics.items()}
 
 
 def _by_batch(
@@ -99,7 +108,7 @@ def _by_batch(
         outputs.append(detach_metrics(result))
         if test_mode:
             break
-    plain = materialize(outputs)
+    plain = numpy_batches(outputs, materialize(outputs))
     for cb in callbacks.values():
         cb.on_validation_epoch_end(plain)
     # With fewer batches than ranks some ranks see none; only an empty loader is a mistake.
@@ -124,5 +133,5 @@ def _full_dataset(trial: Any, context: PyTorchTrialContext, loader: Any) -> dict
                 f"evaluate_full_dataset() must return a dict of metrics, got "
                 f"{type(result).__name__}"
             )
-        metrics = {k: to_python(v) for k, v in result.items()}
+        metrics = {k: as_numpy(v) for k, v in result.items()}
     return dict(dist.broadcast(metrics))

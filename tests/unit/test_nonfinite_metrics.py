@@ -1,6 +1,7 @@
-"""Non-finite validation metrics stay floats, as Determined hands them back: in callbacks,
-in fit()'s result, and after a resume (read back from the checkpoint's metadata.json),
-nested in lists too; never their ``str()`` ('inf', 'nan')."""
+"""Non-finite validation metrics reach callbacks as Determined hands them over (its
+``_convert_metrics_to_numpy``: top-level tensors as numpy arrays, the rest as returned), and
+stay floats in fit()'s result and after a resume (read back from the checkpoint's
+metadata.json), nested in lists too; never their ``str()`` ('inf', 'nan')."""
 
 from __future__ import annotations
 
@@ -54,12 +55,25 @@ def _check(metrics: dict[str, Any]) -> None:
     assert isinstance(metrics["worst"], float) and math.isnan(metrics["worst"])
 
 
-def test_non_finite_metrics_are_floats_in_callbacks_results_and_after_resume(tmp_path):
+def _check_seen_by_callback(metrics: dict[str, Any]) -> None:
+    assert type(metrics["val_loss"]) is np.float32
+    assert math.isinf(metrics["val_loss"]) and metrics["val_loss"] > 0
+    first, second, third = metrics["per_class"]
+    assert type(first) is np.float32 and math.isnan(first)
+    assert isinstance(second, torch.Tensor) and second.item() == -math.inf
+    assert third == 0.5
+    worst = metrics["worst"]
+    assert isinstance(worst, np.ndarray) and worst.dtype == np.float32 and math.isnan(worst[0])
+
+
+def test_non_finite_metrics_are_determineds_in_callbacks_floats_in_results_and_after_resume(
+    tmp_path,
+):
     store = LocalDirectoryStore(tmp_path)
     ctx = pytorch.init(hparams=HPARAMS, checkpoint_store=store)
     trial = NonFiniteFullDataset(ctx)
     result = pytorch.Trainer(trial, ctx).fit(max_length=pytorch.Batch(2), checkpoint_policy="all")
-    _check(trial.seen.metrics[-1])
+    _check_seen_by_callback(trial.seen.metrics[-1])
     _check(result.validation_metrics)
 
     # The checkpoint was validated at its batch: a resume reads its metrics back.

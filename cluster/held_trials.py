@@ -69,13 +69,9 @@ __all__ = [
     "StepResult",
     "TrialFailed",
     "last_output",
+    "PREEMPT",
     "STOP_MODES",
     "exit_soon",
-    "forget_stop",
-    "holds_a_trial",
-    "holds_foreign_trial",
-    "release_all",
-    "request_stop",
     "resume_candidates",
     "run_step",
     "shield_from_group_signals",
@@ -92,6 +88,7 @@ DEFAULT_MAX_TRIALS = 16
 STEP_KINDS = ("train", "validate", "checkpoint", "segment", "release")
 # Determined's verbs: pause and cancel checkpoint at the stop batch, kill does not.
 STOP_MODES = ("pause", "cancel", "kill")
+PREEMPT = "preempt"  # a train step's ``preempted`` when the job queue asked it to give way
 
 
 class TrialFailed(RuntimeError):
@@ -116,6 +113,7 @@ class StepRequest:
     release_after: bool = False  # end the held trial (its MLflow run) after this step
     stopped_as: str | None = None  # with release_after: end its run KILLED, det.state this
     experiment_best: float | None = None  # checkpoint_policy best: the experiment's best so far
+    pool_resource: str | None = None  # the Dask resource naming its pool's workers, if any
 
     def __post_init__(self) -> None:
         if self.kind not in STEP_KINDS:
@@ -190,6 +188,8 @@ class HeldTrialPlugin(WorkerPlugin):
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
+        # Trials the cluster's job queue asked to give way: (experiment key, trial id).
+        self.preempting: set[tuple[str, int]] = set()
         self.last_step_end = 0.0  # monotonic: when this worker's latest step ended
 
     def __getstate__(self) -> dict[str, Any]:
@@ -300,6 +300,16 @@ class HeldTrialPlugin(WorkerPlugin):
             return True
         return False
 
+    def preempt(self, experiment_key: str, trial_id: int) -> bool:
+        """Ask the trial to give way at its next batch boundary (or as its next train step
+        begins); True if this worker holds it now."""
+        self.preempting.add((experiment_key, trial_id))
+        held = self.held
+        if held is not None and _preempt_key(held.spec) == (experiment_key, trial_id):
+            self.preemption.set()
+            return True
+        return False
+
     def local_spec(self, request: StepRequest) -> TrialSpec:
         """The trial spec with paths on this worker: a model package is downloaded and
         unpacked once per worker, the config written next to it."""
@@ -372,6 +382,8 @@ def _run_step(request: StepRequest) -> StepResult:
             stop_requested=trial.stop_requested,
             preempted=_preempted(plugin, spec) if request.kind == "train" else None,
         )
+        if request.kind == "train":  # the queue's request is spent, whether it came in time
+            plugin.preempting.discard(_preempt_key(spec))
     except InvalidHP as err:
         plugin.release()  # dropped by the searcher, not failed
         return _result(worker, trial.position, warm, started, invalid_hp=str(err))
@@ -413,7 +425,8 @@ def _work(
     if request.kind == "train":
         trial.set_experiment_best(request.experiment_best)
         plugin.preemption.clear()
-        if (spec.experiment_run_key or "") in plugin.stop_modes:  # asked before it began
+        asked = _preempt_key(spec) in plugin.preempting
+        if asked or (spec.experiment_run_key or "") in plugin.stop_modes:  # before it began
             plugin.preemption.set()
         trial.train_to(_bound(request.stop, trial), plugin.preemption)
         return None, None
@@ -455,9 +468,18 @@ def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> 
 
 
 def _preempted(plugin: HeldTrialPlugin, spec: TrialSpec) -> str | None:
+    """Why a train step stopped early: the experiment's stop mode, or PREEMPT (the job
+    queue's request, spent once the step returns)."""
     if not plugin.preemption.is_set():
         return None
-    return plugin.stop_modes.get(spec.experiment_run_key or "", "kill")
+    mode = plugin.stop_modes.get(spec.experiment_run_key or "")
+    if mode is None and _preempt_key(spec) in plugin.preempting:
+        return PREEMPT
+    return mode or "kill"
+
+
+def _preempt_key(spec: TrialSpec) -> tuple[str, int]:
+    return (spec.experiment_run_key or "", spec.trial_id)
 
 
 def _stopped(request: StepRequest) -> TrialStopped | None:
@@ -465,54 +487,8 @@ def _stopped(request: StepRequest) -> TrialStopped | None:
     return TrialStopped(request.stopped_as) if request.stopped_as else None
 
 
-def request_stop(experiment_key: str, mode: str, *, dask_worker: Worker) -> bool:
-    """Stop the experiment's trial held on this worker at its next batch boundary
-    (``Client.run`` passes ``dask_worker``); later train steps of the experiment stop at
-    once. True if this worker held one of its trials."""
-    if mode not in STOP_MODES:
-        raise ValueError(f"stop mode must be one of {STOP_MODES}, got {mode!r}")
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if not isinstance(plugin, HeldTrialPlugin):
-        return False
-    return plugin.stop(experiment_key, mode)
-
-
-def forget_stop(experiment_key: str, *, dask_worker: Worker) -> None:
-    """The experiment is active again (activate): its trials train on this worker."""
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if isinstance(plugin, HeldTrialPlugin):
-        plugin.stop_modes.pop(experiment_key, None)
-
-
-def holds_a_trial(*, dask_worker: Worker) -> bool:
-    """Whether this worker holds any trial (``client.run``)."""
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    return isinstance(plugin, HeldTrialPlugin) and plugin.held is not None
-
-
-def holds_foreign_trial(experiment_key: str | None, *, dask_worker: Worker) -> bool:
-    """Whether this worker holds another experiment's active trial (``client.run``)."""
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    return isinstance(plugin, HeldTrialPlugin) and plugin.foreign_active(experiment_key)
-
-
 def _bound(stop: int | None, trial: HeldTrial) -> int:
     return trial.max_batches if stop is None else stop
-
-
-def release_all(
-    experiment_key: str | None = None, stopped_as: str | None = None, *, dask_worker: Worker
-) -> int:
-    """End the trial this worker holds (``client.run`` passes ``dask_worker``, at the end
-    of an experiment): any, or only ``experiment_key``'s; ``stopped_as`` ends its run KILLED
-    with that state. Returns the number released."""
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if not isinstance(plugin, HeldTrialPlugin) or plugin.held is None:
-        return 0
-    if experiment_key is not None and plugin.held.spec.experiment_run_key != experiment_key:
-        return 0
-    plugin.release(TrialStopped(stopped_as) if stopped_as else None)
-    return 1
 
 
 def _result(worker: Worker, position: int, warm: bool, started: float, **more: Any) -> StepResult:

@@ -5,9 +5,12 @@ in memory, and off workers another experiment's active trial holds."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from distributed import Client
 
-from cluster.held_trials import holds_foreign_trial
+from cluster.pools import DEFAULT_POOL, worker_pool
+from cluster.worker_calls import holds_foreign_trial
 
 __all__ = ["Placement"]
 
@@ -17,20 +20,30 @@ class Placement:
     trial has claimed that worker; a trial starting a segment otherwise gets a worker no
     running trial has claimed (Dask picks when every worker is claimed)."""
 
-    def __init__(self, client: Client, experiment_key: str | None = None) -> None:
+    def __init__(
+        self, client: Client, experiment_key: str | None = None, pool: str = DEFAULT_POOL
+    ) -> None:
         self.client = client
         self.experiment_key = experiment_key
+        self.pool = pool
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
         # Workers being recycled (cluster.recycling): given nothing until they are back.
         self.retiring: set[str] = set()
-        info = client.scheduler_info(n_workers=-1)
-        self.gpus = any(w.get("resources", {}).get("GPU") for w in info["workers"].values())
+        self.gpus = any(w.get("resources", {}).get("GPU") for w in self._pool().values())
+
+    def _pool(self) -> dict[str, dict[str, Any]]:
+        """The workers of the experiment's resource pool (cluster.job_queue), by address."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        return {
+            address: info
+            for address, info in workers.items()
+            if worker_pool(info.get("resources", {})) == self.pool
+        }
 
     def workers(self) -> list[str]:
-        """The cluster's workers that can take a step now."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        return [w for w in workers if w not in self.retiring]
+        """The pool's workers that can take a step now."""
+        return [w for w in self._pool() if w not in self.retiring]
 
     def claim(self, trial_id: int) -> str | None:
         """A worker for the trial's next segment (None: let Dask choose)."""

@@ -17,8 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from distributed import Client, Scheduler
 
-from cluster.held_trials import holds_a_trial
 from cluster.placement import Placement
+from cluster.worker_calls import holds_a_trial
 
 __all__ = ["RECYCLE_TIMEOUT_S", "Recycler", "recycle"]
 

@@ -32,6 +32,7 @@ from cluster import warm_forkserver
 from cluster.devices import gpu_count, gpu_groups
 from cluster.environment import EXPECTED_WORKERS_ENV, SCHEDULER_ENV, accepts
 from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin
+from cluster.job_slots import register_job_queue
 from cluster.worker_deaths import DEATHS_PLUGIN_NAME, DeathRecorder
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from det_tasks.errors import ConfigError
@@ -111,11 +112,13 @@ def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
 
 
 def _register(client: Client) -> None:
-    """Install what the flows need on the cluster's workers and Nannies: once per cluster
-    (both plugins are idempotent), never replacing what other experiments' trials use."""
+    """Install what the flows need on the cluster's workers, Nannies and scheduler: once
+    per cluster (every plugin is idempotent), never replacing what other experiments' trials
+    use (the scheduler's job queue included)."""
     send_promptly(client)
     client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
     client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
+    register_job_queue(client)
 
 
 # distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed

@@ -17,15 +17,9 @@ from typing import Any
 
 from distributed import Client, Future, KilledWorker, Scheduler, default_client, wait
 
-from cluster.held_trials import (
-    StepRequest,
-    StepResult,
-    exit_soon,
-    release_all,
-    request_stop,
-    run_step,
-)
+from cluster.held_trials import StepRequest, StepResult, exit_soon, run_step
 from cluster.stop_requests import stop_requested
+from cluster.worker_calls import preempt_trial, release_all, request_stop
 from cluster.worker_deaths import explain_death
 
 __all__ = [
@@ -35,6 +29,7 @@ __all__ = [
     "run_step_explained",
     "wait_for_releases",
     "kill_worker_process",
+    "preempt_on",
     "release_everywhere",
     "step_key_prefix",
     "stop_everywhere",
@@ -116,7 +111,8 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
 
 def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
     workers = len(client.scheduler_info(n_workers=-1)["workers"])
-    need = f" with GPU={gpus}" if gpus else ""
+    wanted = _resources(request, gpus) or {}
+    need = " with " + ", ".join(f"{k}={v:g}" for k, v in wanted.items()) if wanted else ""
     return StepStranded(
         f"step {request.kind} of trial {request.trial.trial_id} (batches "
         f"{request.start}..{request.stop}) found no worker{need} to run it for "
@@ -172,8 +168,19 @@ def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int)
         pure=False,
         workers=[worker] if worker else None,
         allow_other_workers=bool(worker),  # Dask refuses it without workers=
-        resources={"GPU": gpus} if gpus else None,
+        resources=_resources(request, gpus),
     )
+
+
+def _resources(request: StepRequest, gpus: int) -> dict[str, float] | None:
+    """What the step's worker must have: the trial's GPUs, and its resource pool where the
+    cluster's workers name pools (cluster.job_queue)."""
+    wanted: dict[str, float] = {}
+    if gpus:
+        wanted["GPU"] = gpus
+    if request.pool_resource:
+        wanted[request.pool_resource] = 1
+    return wanted or None
 
 
 def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
@@ -213,6 +220,19 @@ def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:
     """Ask every worker holding one of the experiment's trials to stop it at its next batch
     boundary; the number of trials asked."""
     return sum(bool(v) for v in client.run(request_stop, experiment_key, mode).values())
+
+
+def preempt_on(client: Client, workers: list[str], experiment_key: str, trial_id: int) -> bool:
+    """Ask the workers running the trial to stop it at its next batch boundary, so that
+    more urgent work gets its slot (cluster.job_queue); True if one of them holds it."""
+    try:
+        answers = client.run(
+            preempt_trial, experiment_key, trial_id, workers=workers, on_error="return"
+        )
+    except Exception as err:  # a worker leaving: asked again at the next decision
+        _logger.warning("could not ask %s to preempt trial %d: %s", workers, trial_id, err)
+        return False
+    return any(answer is True for answer in answers.values())
 
 
 def kill_worker_process(client: Client, worker: str) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from det_cli import experiment_verbs, registry_verbs, trial_verbs
+from det_cli.job_verbs import register_job_verbs
 from det_cli.master import use_master
 from det_cli.submission import JOB_DEPLOYMENT, submit_options
 from det_cli.unsupported import EXIT_UNSUPPORTED, Unsupported, add_unsupported
@@ -60,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_verbs.register(sub)
     trial_verbs.register(sub)
     registry_verbs.register(sub)
-    job = sub.add_parser("job", help="batch jobs")
+    job = sub.add_parser("job", help="the shared cluster's job queue, and batch jobs")
     verbs = job.add_subparsers(dest="verb", required=True, metavar="VERB")
+    register_job_verbs(verbs)
     run = verbs.add_parser("run", help="validate, ship MODEL_DIR and start a batch job")
     run.add_argument("config", type=Path)
     run.add_argument("model_dir", type=Path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from det_cli.ids import experiment_run, short_id
+from det_cli.job_verbs import register_set_attributes
 from det_cli.submission import EXPERIMENT_DEPLOYMENT, FINAL_STATES, submit_options
 from det_cli.unsupported import add_unsupported, refuse_flag
 from det_tasks.errors import DetTasksError
@@ -41,11 +42,6 @@ UNSUPPORTED = {
 UNSUPPORTED_SET = {
     "gc-policy": "set checkpoint_storage.save_* in the config; `det-tasks gc EXPERIMENT_NAME` "
     "applies the policy now",
-    "max-slots": "slots are the config's resources.slots_per_trial; limit a work pool with "
-    "`prefect work-pool set-concurrency-limit`",
-    "weight": "there is no fair-share scheduler; limit a work pool with `prefect work-pool "
-    "set-concurrency-limit`",
-    "priority": "there is no priority scheduler; use separate Prefect work pools",
     "log-retention": "logs live in Prefect; use the Prefect server's retention settings",
 }
 
@@ -147,6 +143,7 @@ def _register_set(verbs: Any) -> None:
     _id(p)
     p.add_argument("name")
     p.set_defaults(func=cmd_set_name)
+    register_set_attributes(attrs)
     for attribute, instead in UNSUPPORTED_SET.items():
         add_unsupported(attrs, "experiment set", attribute, instead)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from det_tasks.errors import ConfigError, DetTasksError
 from flows.deployment_runs import log_reader, start_deployment_run
+from flows.job_settings import USER_TAG_PREFIX, submitting_user, unknown_pool
 
 __all__ = [
     "EXPERIMENT_DEPLOYMENT",
@@ -118,6 +119,7 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
 
     raw, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
     check_storage_beside_code(cfg, args.model_dir)
+    check_resource_pool(cfg.resources.resource_pool)
     config_text = args.config.read_text(encoding="utf-8")
     package = _ship(args.model_dir, args.max_package_mb, code_exclusions(raw, args.model_dir))
     flow_run = start_deployment_run(
@@ -128,6 +130,7 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
             "overrides": list(args.param),
             "package": package,
         },
+        tags=[USER_TAG_PREFIX + submitting_user()],
     )
     print(f"Created experiment {shown_id(flow_run.id)}")
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
@@ -137,6 +140,27 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
         exp_id = ensure_experiment(client_for(settings.tracking_uri), name, cfg.description)
         print(f"  MLflow experiment: {mlflow_link(settings.tracking_uri, exp_id)}")
     return print_logs(flow_run.id) if args.follow else 0
+
+
+def check_resource_pool(pool: str | None) -> None:
+    """Refuse a resources.resource_pool the stack's cluster lacks, in one line naming its
+    pools (skipped without a scheduler to ask: the flow checks again)."""
+    import os
+
+    from cluster.environment import SCHEDULER_ENV
+    from cluster.job_requests import cluster_pools_at
+    from cluster.pools import DEFAULT_POOL
+
+    address = os.environ.get(SCHEDULER_ENV)
+    if not address:
+        return
+    try:
+        pools = cluster_pools_at(address)
+    except OSError:
+        return  # unreachable: the flow reports it, as it does without a queue
+    wanted = pool or DEFAULT_POOL
+    if wanted not in pools:
+        raise ConfigError(unknown_pool(wanted, pools))
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:
@@ -267,6 +291,9 @@ def print_trials(view: Any, label: Callable[[str], str] = str) -> None:
     ]
     header = ["trial", "state", "batches", f"best {metric}", "at batch", metric, "mlflow run"]
     print_table(rows, [*header, "best checkpoint"])
+    for t in view.trials:
+        if t.reason and t.state in ("QUEUED", "PREEMPTED"):
+            print(f"trial {label(t.trial_id)} {t.state}: {t.reason}")
 
 
 def _number(value: float | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
@@ -24,12 +25,14 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.states import Cancelled
 
-from cluster.held_trials import StepResult
+from cluster.held_trials import PREEMPT, StepResult
+from cluster.job_slots import JobSlots
 from cluster.placement import Placement
 from cluster.recycling import Recycler
 from cluster.steps import (
     StepFuture,
     kill_worker_process,
+    preempt_on,
     release_on,
     stop_everywhere,
     wait_for_releases,
@@ -38,16 +41,18 @@ from cluster.steps import (
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
+from flows.searcher_reports import better, persist, searcher_metric
 from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
 from registry.checkpoints import checkpoint_records
 from registry.mlflow_services import trial_run_tags
 from registry.models import trial_runs
-from registry.searcher_state import STATE_TAG, save_searcher_state
+from registry.run_records import QUEUE_REASON_TAG
+from registry.searcher_state import STATE_TAG
 from registry.tracking import STATE_TAG as RUN_STATE_TAG
 from registry.tracking import TRIAL_TAG, ExperimentRuns
-from registry.trial_states import ERROR, STOPPED
+from registry.trial_states import CANCELED, ERROR, PREEMPTED, QUEUED, STOPPED
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
 
@@ -60,6 +65,10 @@ class _Stage:
     future: Any  # PrefectFuture
     release: bool = False
     stopped: bool = False  # the checkpoint of a trial stopped on request (not a segment end)
+    preempted: bool = False  # the checkpoint of a trial giving its slot to more urgent work
+
+
+QUEUE_WAIT_S = 0.5  # how often a flow whose trials all wait asks the job queue again
 
 
 def final_segment(work: Work, cfg: ExperimentConfig) -> bool:
@@ -96,6 +105,11 @@ class TrialChains:
         self.stop: StopControl | None = None
         self.grace_s = stop_grace_s()
         self.killed: set[int] = set()  # trials whose workers _kill_overdue killed
+        # The cluster's job queue (None: every offered trial starts, as on a private cluster).
+        self.queue: JobSlots | None = None
+        self.pool_resource: str | None = None  # what its steps ask of a worker (pools)
+        self.giving_way: set[int] = set()  # trials asked to give way, until their train ends
+        self.waiting: dict[int, str] = {}  # queued trials -> why they wait (as recorded)
 
     def run(
         self, todo: list[Work], searcher: Searcher, limit: int, stop: StopControl | None = None
@@ -116,12 +130,16 @@ class TrialChains:
                 # be that worker.
                 available = len(self.placement.workers())
                 capacity = min(limit, available if self.recycler.busy else max(1, available))
-                while todo and active < capacity and not self._stopping:
-                    stage = self._start(todo.pop(0))
+                for work in self._admitted(todo, capacity - active, list(running.values())):
+                    stage = self._start(work)
                     running[_as_future(stage.future)] = stage
                     active += 1
                 waited = [*running, *self.recycler.pending()]
-                done, _ = wait_futures(waited, timeout=1.0, return_when=FIRST_COMPLETED)
+                if waited:
+                    done, _ = wait_futures(waited, timeout=1.0, return_when=FIRST_COMPLETED)
+                else:  # every trial waits for a slot of the shared cluster: ask again soon
+                    done = set()
+                    time.sleep(QUEUE_WAIT_S)
                 self._poll_stop()
                 self._kill_overdue(running.values())
                 self.table.publish_if_stale()
@@ -147,7 +165,89 @@ class TrialChains:
             for row in self.table.rows.values():
                 if row.state == "PAUSED":
                     row.state = "STOPPED"
+        else:
+            self._settle_waiting()
         return self.best
+
+    # ---- the cluster's job queue (cluster.job_queue) ------------------------------------
+    def _admitted(self, todo: list[Work], room: int, stages: list[_Stage]) -> list[Work]:
+        """The work that starts now: what the queue grants of the first ``room`` items
+        (all of them without a queue). Trials it preempts are asked to give way; the rest
+        wait, QUEUED, with the queue's reason."""
+        offered = [] if self._stopping else todo[: max(0, room)]
+        granted = offered
+        if self.queue is not None:
+            running = sorted({s.work.trial_id for s in stages})
+            turn = self.queue.sync([w.trial_id for w in offered], running)
+            granted = [w for w in offered if w.trial_id in turn.grants]
+            self._give_way(set(turn.preempt), stages)
+            self._wait([w for w in offered if w not in granted], turn.reason)
+        for work in granted:
+            todo.remove(work)
+            self.waiting.pop(work.trial_id, None)
+        return granted
+
+    def _give_way(self, trials: set[int], stages: list[_Stage]) -> None:
+        """Ask the queue's chosen trials, while they train, to checkpoint at their next
+        batch boundary and free their slot."""
+        client = self.placement.client
+        for stage in stages:
+            trial_id = stage.work.trial_id
+            if trial_id not in trials or stage.kind != "train" or trial_id in self.giving_way:
+                continue
+            workers = workers_running(client, self.run_key, trial_id)
+            if workers:  # not yet on a worker: asked at the next decision
+                preempt_on(client, workers, self.run_key, trial_id)
+                self.giving_way.add(trial_id)
+                get_run_logger().info(
+                    "trial %d gives its slot to more urgent work: it checkpoints at its next "
+                    "batch boundary and resumes there when a slot frees",
+                    trial_id,
+                )
+
+    def _wait(self, works: list[Work], reason: str) -> None:
+        """Trials the queue holds back: QUEUED (a preempted one stays PREEMPTED) in the
+        table and on their MLflow runs, with the reason (recorded when it changes)."""
+        reason = reason or "waiting for a slot"
+        for work in works:
+            trial_id = work.trial_id
+            if self.waiting.get(trial_id) == reason:
+                continue
+            self.waiting[trial_id] = reason
+            ref = self._ref(work)
+            preempted = self.table.rows[trial_id].state == PREEMPTED
+            if not preempted:
+                self.table.set_state(trial_id, QUEUED)
+                self.runs.queued(ref.mlflow_run_id)
+            self.runs.client.set_tag(ref.mlflow_run_id, QUEUE_REASON_TAG, reason)
+            self.table.publish_soon()
+
+    def _settle_waiting(self) -> None:
+        """The experiment stopped: trials still waiting for a slot end as it did."""
+        assert self.stop is not None
+        for trial_id, row in self.table.rows.items():
+            if row.state in (QUEUED, PREEMPTED):
+                self.runs.finish(row.mlflow_run_id, "KILLED", self.stop.state or CANCELED)
+                self.table.set_state(trial_id, self.stop.state or CANCELED)
+
+    def _gave_way(self, stage: _Stage, result: StepResult) -> list[Work]:
+        """A preempted trial checkpointed and freed its slot: its work goes back to the
+        front of the queue, to resume from that checkpoint."""
+        trial_id = stage.work.trial_id
+        self.last[trial_id] = stage.future
+        self.position[trial_id] = result.position
+        self.placement.done(trial_id)
+        self.table.set_state(trial_id, PREEMPTED)
+        if result.checkpoint:
+            self.table.segment_done(trial_id, result.position, math.nan, result.checkpoint)
+        self.table.publish_soon()
+        get_run_logger().info(
+            "trial %d preempted at batch %d, checkpoint %s: it waits for a slot",
+            trial_id,
+            result.position,
+            result.checkpoint,
+        )
+        return [stage.work]
 
     def _follow(self, stage: _Stage, fut: Future[Any]) -> _Stage | None:
         """A finished step: the chain's next stage, submitted (None: the segment ended)."""
@@ -158,6 +258,8 @@ class TrialChains:
             self.table.publish()
             raise
         self.placement.ran(stage.work.trial_id, result.worker)
+        if stage.kind == "train":
+            self.giving_way.discard(stage.work.trial_id)
         if result.recycle_due:  # between steps: it holds nothing, nothing is placed on it
             self.recycler.start(result.worker)
         return self._next(stage, result)
@@ -167,6 +269,8 @@ class TrialChains:
     ) -> tuple[list[Work], list[Work]]:
         """A segment ended, stopped on request or done: (this trial's continuation, other
         new work)."""
+        if stage.preempted:
+            return self._gave_way(stage, result), []
         if result.preempted is not None or stage.stopped:
             self._stopped(stage, result)
             return [], []
@@ -282,6 +386,14 @@ class TrialChains:
         ref, retries = stage.ref, self.cfg.max_restarts
         if result.invalid_hp is not None:
             return None
+        if stage.kind == "train" and result.preempted == PREEMPT:
+            _end_cancelled(stage.future, result)
+            # Determined's preemption: a checkpoint at the stop batch, the slot freed.
+            name = ref.task_name("checkpoint", f"@{result.position}")
+            future = checkpoint.with_options(task_run_name=name, retries=retries).submit(
+                ref, after=stage.future, release=True, stopped_as=PREEMPTED
+            )
+            return _Stage(stage.work, ref, "checkpoint", future, True, preempted=True)
         if stage.kind == "train" and result.preempted is not None:
             _end_cancelled(stage.future, result)
             if result.preempted == "kill" or self.stop is None or self.stop.state is None:
@@ -419,6 +531,7 @@ class TrialChains:
                 package=self.package,
                 config_yaml=self.config_path.read_text(encoding="utf-8") if self.package else None,
                 gpus=self.cfg.resources.slots_per_trial if self.placement.gpus else 0,
+                pool_resource=self.pool_resource,
             )
             self.table.add(work.trial_id, work.hparams, run_id)
         return self.refs[work.trial_id]
@@ -432,41 +545,24 @@ def resumed_at(client: Any, run_id: str, stop: int | None) -> int:
     return max((s for s in steps if stop is None or s <= stop), default=0)
 
 
-STOPPED_BY = {"kill": "killed (no checkpoint)", "pause": "paused", "cancel": "canceled"}
+STOPPED_BY = {
+    "kill": "killed (no checkpoint) at batch {} by the experiment's stop request",
+    "pause": "paused at batch {} by the experiment's stop request",
+    "cancel": "canceled at batch {} by the experiment's stop request",
+    PREEMPT: "preempted at batch {}: its slot went to more urgent work (det job list)",
+}
 
 
 def _end_cancelled(future: Any, result: StepResult) -> None:
     """A train task stopped on request ends Cancelled in Prefect, saying at which batch and
     why: Completed read as if it had trained its whole range."""
-    how = STOPPED_BY.get(str(result.preempted), str(result.preempted))
-    message = f"{how} at batch {result.position} by the experiment's stop request"
+    how = STOPPED_BY.get(str(result.preempted), f"{result.preempted} at batch {{}}")
+    message = how.format(result.position)
     try:
         with get_client(sync_client=True) as client:
             client.set_task_run_state(future.task_run_id, Cancelled(message=message), force=True)
     except Exception as err:  # only what the UI shows is at stake
         get_run_logger().debug("could not mark the stopped task Cancelled: %s", err)
-
-
-def searcher_metric(validation: dict[str, Any] | None, config: ExperimentConfig) -> float:
-    metrics = validation or {}
-    name = config.searcher.metric
-    if name not in metrics:
-        raise RuntimeError(
-            f"searcher.metric {name!r} is not among the validation metrics {sorted(metrics)}"
-        )
-    return float(metrics[name])
-
-
-def better(value: float, than: float, cfg: ExperimentConfig) -> bool:
-    if math.isnan(than):
-        return True
-    return value < than if cfg.searcher.smaller_is_better else value > than
-
-
-def persist(searcher: Searcher, runs: ExperimentRuns) -> None:
-    """The searcher's state on the parent run, whole at any size (a re-run or an activated
-    experiment continues from it)."""
-    save_searcher_state(runs.client, runs.parent_run_id, searcher.state())
 
 
 def _as_future(prefect_future: Any) -> Future[Any]:

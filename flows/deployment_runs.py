@@ -20,12 +20,14 @@ __all__ = [
 ]
 
 
-def start_deployment_run(deployment: str, parameters: dict[str, Any]) -> Any:
+def start_deployment_run(
+    deployment: str, parameters: dict[str, Any], tags: list[str] | None = None
+) -> Any:
     """A new flow run of ``deployment`` (Prefect's FlowRun), not waited for."""
     from prefect.deployments import run_deployment
 
     try:
-        return run_deployment(deployment, parameters=parameters, timeout=0)
+        return run_deployment(deployment, parameters=parameters, timeout=0, tags=tags)
     except Exception as err:  # prefect raises several types for a missing deployment / server
         raise DetTasksError(
             f"could not start deployment {deployment!r} ({type(err).__name__}: {err}); is the "

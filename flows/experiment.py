@@ -110,7 +110,9 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from cluster.held_trials import TrialFailed
+from cluster.job_slots import JobSlots, pool_resource
 from cluster.placement import Placement
+from cluster.pools import DEFAULT_POOL
 from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, worker_memory_mb
 from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
@@ -121,6 +123,7 @@ from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
+from flows.job_settings import check_pool, job_settings
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable
@@ -264,7 +267,7 @@ def _train(
     """Run the trials on the cluster until they end or a stop request stops them; returns
     the chains' best, how many held trials the final sweep released, and the stop."""
     with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
-        trials = chains(Placement(client, run_key))
+        trials = _queued_chains(chains, client, cfg, run_key, limit)
         stop = StopControl(client, run_key, runs.client, runs.parent_run_id, _prefect_cancelling)
         if activated:
             stop.clear()  # the request that paused it is spent
@@ -274,12 +277,34 @@ def _train(
         except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
             _end_abruptly(client, runs, run_key, trials.table, err)
             raise
+        finally:
+            if trials.queue is not None:
+                trials.queue.end(paused=stop.mode == "pause")
         # The trials' own releases first (a STOPPED trial's run ends FINISHED STOPPED): the
         # sweep after them ends whatever is still held, as COMPLETED or the stop's state,
         # and it overtook a release still queued (a trial ASHA stopped ended COMPLETED).
         trials.wait_releases()
         released = release_everywhere(client, run_key, stop.state)
     return best, released, stop
+
+
+def _queued_chains(
+    chains: Callable[[Placement], TrialChains],
+    client: Any,
+    cfg: ExperimentConfig,
+    run_key: str,
+    limit: int,
+) -> TrialChains:
+    """The experiment's chains on its resource pool's workers, with a seat in the
+    cluster's job queue (cluster.job_queue) that decides when each trial starts."""
+    pool = cfg.resources.resource_pool or DEFAULT_POOL
+    check_pool(client, pool)  # before any trial: the config names a pool that is not there
+    placement = Placement(client, run_key, pool)
+    trials = chains(placement)
+    name = cfg.name or trials.config_path.stem
+    trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))
+    trials.pool_resource = pool_resource(client, pool)
+    return trials
 
 
 def _tracking_settings() -> tuple[RegistrySettings, str]:

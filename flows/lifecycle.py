@@ -16,10 +16,12 @@ carries that key). The verbs act through the engines that already run it:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
 from cluster.environment import SCHEDULER_ENV
+from cluster.job_requests import forget_job
 from cluster.stop_requests import STOP_STATES, request_stop_at
 from det_tasks.errors import DetTasksError
 from flows import prefect_rest
@@ -78,12 +80,21 @@ def _stop(experiment_key: str, mode: str) -> str:
         message = f"experiment {short} {mode}ed while paused"
         prefect_rest.set_flow_run_state(run.id, "CANCELLED", "Cancelled", message, force=True)
         mark_experiment_state(experiment_key, STOP_STATES[mode])
+        _forget_job(experiment_key)
         return f"Experiment {short} was paused; it is now CANCELED"
     _require_active(run, "canceled" if mode == "cancel" else "killed")
     _request(experiment_key, mode)
     how = "checkpoint and end" if mode == "cancel" else "end without a checkpoint"
     doing = "Canceling" if mode == "cancel" else "Killing"
     return f"{doing} experiment {short}: its trials {how} at their next batch boundary"
+
+
+def _forget_job(experiment_key: str) -> None:
+    """A paused experiment ended: off the job queue's list (where a scheduler is named)."""
+    address = os.environ.get(SCHEDULER_ENV)
+    if address:
+        with contextlib.suppress(OSError):
+            forget_job(address, experiment_key)
 
 
 def _flow_run(experiment_key: str) -> FlowRun:

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cluster.held_trials import forget_stop
 from cluster.stop_requests import STOP_STATES, record_stop, stop_requested
+from cluster.worker_calls import forget_stop
 from det_tasks.errors import ConfigError
 from registry.run_states import HEARTBEAT_S, heartbeat
 

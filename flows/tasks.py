@@ -44,6 +44,7 @@ class TrialRef:
     package: str | None = None
     config_yaml: str | None = None  # with a package: the config's text, for the workers
     gpus: int = 0
+    pool_resource: str | None = None  # the Dask resource of its pool's workers, if named
 
     def request(
         self, kind: str, start: int, stop: int | None, release: bool = False
@@ -58,6 +59,7 @@ class TrialRef:
             package=self.package,
             config_yaml=self.config_yaml,
             release_after=release,
+            pool_resource=self.pool_resource,
         )
 
     def task_name(self, kind: str, where: str) -> str:

@@ -16,6 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
+from cluster.pools import DEFAULT_POOL, POOL_ENV, pool_resource_arg
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from infra.services import Service
 
@@ -71,11 +72,14 @@ def worker_service(
     env: dict[str, str] | None = None,
     gpus: list[int] | None = None,
     threads: int = 1,
+    pool: str | None = None,
 ) -> Service:
     """One worker process (one trial at a time) joined to ``scheduler``, running in
     ``workdir`` (its own folder, as on another host) with ``env`` added, its trials training
     on ``threads`` CPU threads; with ``gpus`` it sees only those GPUs and advertises them as
-    the Dask resource ``GPU`` (cluster.devices)."""
+    the Dask resource ``GPU`` (cluster.devices). It joins resource pool ``pool`` (default:
+    DET_TASKS_RESOURCE_POOL, else ``default``), named by its Dask resource ``pool-<name>``
+    (cluster.pools)."""
     folder = workdir or root / name
     folder.mkdir(parents=True, exist_ok=True)
     own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
@@ -86,7 +90,10 @@ def worker_service(
         "--memory-limit", "0",
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
         "--preload", "cluster.held_trials",
-        *(["--resources", f"GPU={len(gpus)}"] if gpus else []),
+        "--resources", " ".join(
+            [pool_resource_arg(pool or os.environ.get(POOL_ENV) or DEFAULT_POOL)]
+            + ([f"GPU={len(gpus)}"] if gpus else [])
+        ),
     ]  # fmt: skip
     return Service(
         name,

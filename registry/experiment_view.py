@@ -20,6 +20,7 @@ from det_tasks.errors import DetTasksError
 from registry.run_records import (
     EXPERIMENT_RUN_TAG,
     PARENT_TAG,
+    QUEUE_REASON_TAG,
     STATE_TAG,
     TRIAL_TAG,
     checkpoint_records_of,
@@ -119,6 +120,7 @@ class TrialView:
     run_id: str
     state: str  # registry.trial_states: COMPLETED, STOPPED, CANCELED... as the table says
     progress: TrialProgress
+    reason: str = ""  # a QUEUED or PREEMPTED trial: why it waits for a slot
 
     @property
     def batches(self) -> int:
@@ -175,6 +177,7 @@ def trial_view(client: Any, run: Any, metric: str, smaller_is_better: bool) -> T
         run_id=run.info.run_id,
         state=trial_state(run.info.status, run.data.tags.get(STATE_TAG)),
         progress=read_trial_progress(client, run, metric, smaller_is_better),
+        reason=run.data.tags.get(QUEUE_REASON_TAG, ""),
     )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "PACKED",
     "LargeTagError",
     "PARENT_TAG",
+    "QUEUE_REASON_TAG",
     "STATE_TAG",
     "TRIAL_TAG",
     "checkpoint_records_of",
@@ -39,6 +40,7 @@ __all__ = [
 TRIAL_TAG = "det.trial_id"  # registry.tracking
 EXPERIMENT_RUN_TAG = "det.experiment_run"  # registry.tracking
 STATE_TAG = "det.state"  # registry.tracking
+QUEUE_REASON_TAG = "det.queue_reason"  # why a QUEUED or PREEMPTED trial waits (flows)
 HEARTBEAT_TAG = "det.heartbeat"  # registry.tracking
 PARENT_TAG = "mlflow.parentRunId"  # registry.tracking
 CHECKPOINT_TAG = "det.checkpoint."  # registry.checkpoints

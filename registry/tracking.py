@@ -24,7 +24,7 @@ from registry.containment import key_within, normalised_key
 from registry.large_tags import large_tag, load_large_tag
 from registry.settings import RegistrySettings
 from registry.shared_database import create_once
-from registry.trial_states import COMPLETED, run_status
+from registry.trial_states import COMPLETED, QUEUED, run_status
 from registry.trials_view import (
     TRIALS_VIEW_KEY,
     TRIALS_VIEW_TAG,
@@ -257,15 +257,25 @@ class ExperimentRuns:
             self.client.set_tag(run_id, STATE_TAG, state)
         retry_mlflow(lambda: self.client.set_terminated(run_id, status=status))
 
+    def queued(self, run_id: str) -> None:
+        """Mark a trial's run QUEUED: it waits for a slot of the shared cluster (running
+        again if it had ended, as an activated experiment's paused trial had)."""
+        run = self.client.get_run(run_id)
+        if run.info.status != "RUNNING":
+            retry_mlflow(lambda: self.client.update_run(run_id, status="RUNNING"))
+        self.client.set_tag(run_id, STATE_TAG, QUEUED)
+
     def reopen(self, run_id: str) -> bool:
         """Mark a run that ended (a paused, promoted or activated trial, an activated
         experiment) RUNNING again, as it continues; True if it had ended."""
         run = self.client.get_run(run_id)
-        if run.info.status == "RUNNING":
+        ended = run.info.status != "RUNNING"
+        if not ended and run.data.tags.get(STATE_TAG) != QUEUED:
             return False
-        retry_mlflow(lambda: self.client.update_run(run_id, status="RUNNING"))
-        self.client.set_tag(run_id, STATE_TAG, "ACTIVE")
-        return True
+        if ended:
+            retry_mlflow(lambda: self.client.update_run(run_id, status="RUNNING"))
+        self.client.set_tag(run_id, STATE_TAG, "ACTIVE")  # a queued trial starts, too
+        return ended
 
     def _find(self, tags: dict[str, str]) -> str | None:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

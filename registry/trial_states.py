@@ -18,7 +18,9 @@ __all__ = [
     "ERROR",
     "ORPHANED",
     "PAUSED",
+    "PREEMPTED",
     "PRUNED",
+    "QUEUED",
     "RUNNING",
     "STOPPED",
     "run_status",
@@ -34,6 +36,11 @@ ERROR = "ERROR"
 CANCELED = "CANCELED"
 PAUSED = "PAUSED"
 ORPHANED = "ORPHANED"  # its flow died without a word (registry.run_states.end_orphans)
+# Waiting for a slot of the shared cluster (cluster.job_queue): its run is RUNNING, as the
+# experiment's; PREEMPTED gave its slot to more urgent work at a checkpoint (its run KILLED
+# until it resumes, when it is reopened).
+QUEUED = "QUEUED"
+PREEMPTED = "PREEMPTED"
 
 END_STATES = frozenset({COMPLETED, STOPPED, PRUNED, ERROR, CANCELED, PAUSED, ORPHANED})
 
@@ -48,6 +55,7 @@ _STATUS = {
     CANCELED: "KILLED",
     PAUSED: "KILLED",
     ORPHANED: "KILLED",
+    PREEMPTED: "KILLED",
 }
 
 
@@ -59,7 +67,7 @@ def run_status(state: str, default: str) -> str:
 def trial_state(status: str, tag: str | None) -> str:
     """The state word of a trial run with MLflow ``status`` and ``det.state`` ``tag``."""
     if status in ("RUNNING", "SCHEDULED"):
-        return RUNNING
-    if tag in END_STATES:
+        return QUEUED if tag == QUEUED else RUNNING
+    if tag in END_STATES or tag == PREEMPTED:
         return tag
     return _BY_STATUS.get(status, status)

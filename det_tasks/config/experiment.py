@@ -163,9 +163,10 @@ class OptimizationsConfig(_Strict):
 class ResourcesConfig(_Strict):
     slots_per_trial: int = Field(default=1, ge=1)
     distributed_backend: Literal["auto", "horovod", "torch"] = "auto"
-    max_slots: int | None = None
-    priority: int | None = None
-    weight: float | None = None
+    # The shared cluster's job queue (cluster.job_queue): Determined's ranges.
+    max_slots: int | None = Field(default=None, ge=1)
+    priority: int | None = Field(default=None, ge=1, le=99)
+    weight: float | None = Field(default=None, gt=0)
     resource_pool: str | None = None
     shm_size: int | str | None = None
 

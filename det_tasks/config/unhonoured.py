@@ -15,14 +15,6 @@ class UnhonouredFieldWarning(UserWarning):
 
 
 _RESOURCES = {
-    "max_slots": (
-        "Determined's cluster-wide slot cap has no equivalent: limit concurrency with "
-        "searcher.max_concurrent_trials or a Prefect work-pool concurrency limit"
-    ),
-    "priority": (
-        "Determined's scheduler priority has no equivalent: use a separate Prefect work pool "
-        "(or its concurrency limits) for urgent work"
-    ),
     "shm_size": (
         "container shared memory is set by the work pool's job template (Docker "
         "`shm_size` / Kubernetes emptyDir medium: Memory), not by the experiment config"

@@ -39,8 +39,6 @@ def _warnings_for(**sections: dict) -> list[str]:
 @pytest.mark.parametrize(
     ("section", "field", "value"),
     [
-        ("resources", "max_slots", 8),
-        ("resources", "priority", 10),
         ("resources", "shm_size", "4G"),
     ],
 )
@@ -49,6 +47,21 @@ def test_unhonoured_field_warns_naming_it(section, field, value):
     assert len(messages) == 1
     assert f"`{section}.{field}` = {value!r}" in messages[0]
     assert messages[0].startswith("exp.yaml: ")
+
+
+def test_the_job_queues_fields_are_honoured_without_a_warning():
+    # cluster.job_queue acts on them (issue 43): no warning that they are ignored.
+    resources = {"max_slots": 8, "priority": 10, "weight": 3, "resource_pool": "gpu"}
+    assert _warnings_for(resources=resources) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("priority", 0), ("priority", 100), ("weight", 0), ("max_slots", 0)]
+)
+def test_the_job_queues_fields_out_of_range_are_refused_naming_them(field, value):
+    raw = {**BASE, "resources": {field: value}}
+    with pytest.raises(Exception, match=f"resources.{field}"):
+        parse_config(raw, source="exp.yaml")
 
 
 def test_plain_config_warns_nothing():

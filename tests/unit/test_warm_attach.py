@@ -166,10 +166,11 @@ def test_a_gpu_worker_sees_and_advertises_only_its_own_gpu(tmp_path: Path) -> No
 
     service = worker_service(tmp_path, "tcp://127.0.0.1:1", "dask-worker-gpu3", gpus=[3])
     at = service.argv.index("--resources")
-    assert service.argv[at + 1] == "GPU=1"
+    assert service.argv[at + 1] == "pool-default=1 GPU=1"  # and its pool (cluster.pools)
     assert service.env["CUDA_VISIBLE_DEVICES"] == "3"
     cpu = worker_service(tmp_path, "tcp://127.0.0.1:1", "dask-worker-0")
-    assert "--resources" not in cpu.argv and "CUDA_VISIBLE_DEVICES" not in cpu.env
+    at = cpu.argv.index("--resources")
+    assert cpu.argv[at + 1] == "pool-default=1" and "CUDA_VISIBLE_DEVICES" not in cpu.env
 
 
 def test_start_refuses_a_shell_pointed_at_servers(

@@ -1,0 +1,269 @@
+"""The shared cluster's job queue (issue 43), measured as users meet it: every experiment is
+created with ``det experiment create`` on a stack of the bench's own (its ports, a temporary
+folder, stopped at the end), with the flow tests' XOR trial slowed by a sleep per batch.
+
+1. Fair share on 2 workers: a 6-trial grid (2 at a time), then a second experiment 10 s
+   after the grid's first trial starts. Printed: when the second's trial started against
+   when the grid's first slot freed, and how many grid trials had started before it (first
+   come, first served: all 6).
+2. Priority on 2 workers: two priority-42 trials hold both workers past the 30 s minimum;
+   an experiment with ``resources.priority: 1`` is created. Printed: seconds from the
+   ``det experiment create`` command to its trial's first training batch (target: <= 30 s
+   plus one batch), and whether the preempted trial's final weights equal a ``det-tasks
+   run`` of the same trial that was never preempted.
+3. Weights on 4 workers: experiments of weights 1 and 3 (4 trials each, 4 at a time)
+   created together; ``det job list`` sampled every 0.5 s. Printed: the slots each held
+   while both wanted more than their share, and how often that was 1 and 3.
+
+    python bench/job_queue.py [--port-offset 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from det_latency import stack_config  # noqa: E402  (a sibling script, not a package)
+
+from infra.stack import down, up  # noqa: E402
+
+MODEL = ROOT / "tests" / "fixtures" / "flow_model"
+SLEEP_S = 0.1  # per batch: the trials train slowly and lightly, as long trials would
+
+
+@contextmanager
+def a_stack(tmp: Path, offset: int, workers: int) -> Iterator[dict[str, str]]:
+    config = stack_config(tmp / f"stack-{workers}", offset)
+    os.environ["DET_TASKS_DASK_WORKERS"] = str(workers)
+    try:
+        print(f"starting a stack with {workers} workers (about a minute)...", file=sys.stderr)
+        yield up(config, register=True)
+    finally:
+        down(config)
+
+
+def det(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "det"), *argv],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=MODEL,
+    )
+
+
+def create(env: dict[str, str], config: str, *overrides: str) -> str:
+    """``det experiment create``; returns the experiment's short id."""
+    flags = [part for o in overrides for part in ("--config", o)]
+    done = det(env, "experiment", "create", config, ".", *flags)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return done.stdout.split()[2]  # "Created experiment ID"
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"not within {timeout_s:.0f} s: {what}")
+
+
+def trials(env: dict[str, str], name: str) -> list[Any]:
+    """The experiment's trial runs (MLflow), with their first training batch's time."""
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    from registry.tracking import client_for
+
+    client = client_for(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id])
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def first_batch_s(env: dict[str, str], run: Any) -> float | None:
+    """When the run logged its first training metric (epoch seconds), None before."""
+    from registry.tracking import client_for
+
+    history = client_for(env["MLFLOW_TRACKING_URI"]).get_metric_history(
+        run.info.run_id, "training/loss"
+    )
+    first = min((m.timestamp for m in history), default=None)
+    return None if first is None else first / 1000
+
+
+def wait_finished(env: dict[str, str], ident: str, timeout_s: float = 900) -> None:
+    done = det(env, "experiment", "wait", ident)
+    if done.returncode != 0:
+        raise RuntimeError(f"experiment {ident}: {done.stdout[-500:]} {done.stderr[-1500:]}")
+
+
+def fair_share(env: dict[str, str]) -> None:
+    grid = create(
+        env, "grid.yaml", "name=bench-q-grid", "hyperparameters.hidden.vals=[4,8,16]",
+        f"hyperparameters.sleep_s={SLEEP_S}", "searcher.max_length.batches=250",
+    )  # fmt: skip
+    started = wait_until(
+        lambda: [t for t in trials(env, "bench-q-grid") if first_batch_s(env, t)], 300, "grid"
+    )
+    first_start = min(first_batch_s(env, t) for t in started)
+    time.sleep(max(0.0, first_start + 10 - time.time()))
+    second = create(
+        env, "killable.yaml", "name=bench-q-second", f"hyperparameters.sleep_s={SLEEP_S}",
+        "searcher.max_length.batches=60",
+    )  # fmt: skip
+    wait_finished(env, second)
+    wait_finished(env, grid)
+    grid_trials = trials(env, "bench-q-grid")
+    freed = min(t.info.end_time / 1000 for t in grid_trials)
+    (single,) = trials(env, "bench-q-second")
+    began = first_batch_s(env, single)
+    before = sum(1 for t in grid_trials if first_batch_s(env, t) < began)
+    print(
+        f"1. second experiment's trial started {began - freed:+.1f} s after the grid's first "
+        f"slot freed; grid trials started before it: {before} of {len(grid_trials)}"
+    )
+
+
+def priority(env: dict[str, str], tmp: Path) -> None:
+    holders = create(
+        env, "grid.yaml", "name=bench-q-holders", "hyperparameters.hidden=8",
+        f"hyperparameters.sleep_s={SLEEP_S}", "searcher.max_length.batches=700",
+    )  # fmt: skip
+    both = wait_until(
+        lambda: (
+            [t for t in trials(env, "bench-q-holders") if first_batch_s(env, t)][1:]
+            and trials(env, "bench-q-holders")
+        ),
+        300,
+        "both holders training",
+    )
+    latest = max(first_batch_s(env, t) or time.time() for t in both)
+    time.sleep(max(0.0, latest + 35 - time.time()))  # both past the 30 s minimum
+    created = time.time()
+    urgent = create(
+        env, "killable.yaml", "name=bench-q-urgent", "resources.priority=1",
+        "hyperparameters.sleep_s=0", "searcher.max_length.batches=30",
+    )  # fmt: skip
+    (trial,) = wait_until(
+        lambda: [t for t in trials(env, "bench-q-urgent") if first_batch_s(env, t)], 300, "urgent"
+    )
+    waited = first_batch_s(env, trial) - created
+    wait_finished(env, urgent)
+    wait_finished(env, holders)
+    print(
+        f"2. priority 1 trained {waited:.1f} s after `det experiment create` (target <= 30 s "
+        f"plus one batch, {SLEEP_S} s), every slot held by priority-42 trials"
+    )
+    print(f"   preempted trial's final weights vs an uninterrupted run: {bit_equal(env, tmp)}")
+
+
+def bit_equal(env: dict[str, str], tmp: Path) -> str:
+    """Compare the holders' preempted trial with a det-tasks run of it never preempted."""
+    import torch
+
+    from det_tasks import pytorch
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    client = client_for(env["MLFLOW_TRACKING_URI"])
+    runs = trials(env, "bench-q-holders")
+    resumed = [r for r in runs if "det.queue_reason" in r.data.tags]
+    if not resumed:
+        return "no trial was preempted (a miss)"
+    run = resumed[0]
+    reference = tmp / "reference"
+    subprocess.run(
+        [
+            sys.executable, "-m", "det_tasks.runner.cli", "run", str(MODEL / "grid.yaml"),
+            str(MODEL), "--no-progress", "--checkpoint-dir", str(reference),
+            "-p", f"hyperparameters.learning_rate={run.data.params['hp.learning_rate']}",
+            "-p", "hyperparameters.hidden=8", "-p", "searcher.max_length.batches=700",
+        ],
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    newest = max(reference.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
+    os.environ.update(env)
+    got = pytorch.load_trial_from_checkpoint_path(
+        checkpoint_records(client, run.info.run_id)[-1]["uri"]
+    )
+    want = pytorch.load_trial_from_checkpoint_path(str(newest.parent), trial_class=type(got))
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(want.model.state_dict().values(), got.model.state_dict().values())
+    )
+    return "bit-equal" if same else "DIFFERENT (a miss)"
+
+
+def weights(env: dict[str, str]) -> None:
+    common = [
+        "hyperparameters.learning_rate=0.05", "hyperparameters.hidden.vals=[4,8,16,32]",
+        "searcher.max_concurrent_trials=4", f"hyperparameters.sleep_s={SLEEP_S}",
+        "searcher.max_length.batches=200",
+    ]  # fmt: skip
+    light = create(env, "grid.yaml", "name=bench-q-w1", "resources.weight=1", *common)
+    heavy = create(env, "grid.yaml", "name=bench-q-w3", "resources.weight=3", *common)
+    samples: Counter[tuple[int, int]] = Counter()
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        listing = {j["name"]: j for j in job_list(env)}
+        if "bench-q-w1" not in listing and "bench-q-w3" not in listing:
+            break
+        a, b = listing.get("bench-q-w1"), listing.get("bench-q-w3")
+        if a and b and a["wanted"] > 1 and b["wanted"] > 3:  # both want more than their share
+            samples[(a["held"], b["held"])] += 1
+        time.sleep(0.5)
+    wait_finished(env, light)
+    wait_finished(env, heavy)
+    total = sum(samples.values())
+    shown = ", ".join(f"{a} and {b}: {n}" for (a, b), n in samples.most_common())
+    print(
+        f"3. weights 1 and 3 on 4 workers, slots held while both wanted more: {shown} "
+        f"({samples[(1, 3)]} of {total} samples were 1 and 3)"
+    )
+
+
+def job_list(env: dict[str, str]) -> list[dict[str, Any]]:
+    from cluster.job_requests import list_jobs
+
+    return list_jobs(env["DET_TASKS_DASK_SCHEDULER"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port-offset", type=int, default=0)
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-job-queue-") as tmp:
+        with a_stack(Path(tmp), args.port_offset, workers=2) as env:
+            fair_share(env)
+            priority(env, Path(tmp))
+        with a_stack(Path(tmp), args.port_offset, workers=4) as env:
+            weights(env)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

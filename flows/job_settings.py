@@ -1,0 +1,74 @@
+"""An experiment as the cluster's job queue sees it (cluster.job_queue): its ``resources``
+(priority, weight, max_slots, resource_pool), its concurrency, and who submitted it."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from typing import TYPE_CHECKING
+
+from cluster.fair_share import DEFAULT_PRIORITY
+from cluster.pools import DEFAULT_POOL
+from det_tasks.errors import ConfigError
+
+if TYPE_CHECKING:  # Dask is imported where a flow needs it: `det` imports this module
+    from cluster.job_slots import JobSettings
+    from det_tasks.config import ExperimentConfig
+
+__all__ = [
+    "USER_ENV",
+    "USER_TAG_PREFIX",
+    "check_pool",
+    "job_settings",
+    "submitting_user",
+    "unknown_pool",
+]
+
+USER_ENV = "DET_USER"  # who `det job list` says created a job (Determined's variable)
+USER_TAG_PREFIX = "det-user:"  # the flow run's tag naming who ran `det experiment create`
+
+
+def job_settings(cfg: ExperimentConfig, name: str, concurrency: int, gpus: bool) -> JobSettings:
+    """The experiment's job: a trial takes ``slots_per_trial`` GPUs on GPU workers, else one
+    worker."""
+    from cluster.job_slots import JobSettings
+
+    resources = cfg.resources
+    return JobSettings(
+        name=name,
+        user=submitting_user(),
+        pool=resources.resource_pool or DEFAULT_POOL,
+        priority=resources.priority if resources.priority is not None else DEFAULT_PRIORITY,
+        weight=resources.weight if resources.weight is not None else 1.0,
+        max_slots=resources.max_slots,
+        need=resources.slots_per_trial if gpus else 1,
+        max_trials=concurrency,
+    )
+
+
+def submitting_user() -> str:
+    """Who submitted the flow run: its ``det-user:`` tag (``det experiment create`` adds
+    it), else DET_USER, else this process's OS user."""
+    from prefect.runtime import flow_run
+
+    for tag in flow_run.get_tags() or []:
+        if tag.startswith(USER_TAG_PREFIX):
+            return tag[len(USER_TAG_PREFIX) :]
+    return os.environ.get(USER_ENV) or getpass.getuser()
+
+
+def check_pool(client: object, pool: str) -> None:
+    """Refuse a resource_pool the cluster does not have, listing the ones it has."""
+    from cluster.job_slots import cluster_pools
+
+    pools = cluster_pools(client)  # type: ignore[arg-type]
+    if pool not in pools:
+        raise ConfigError(unknown_pool(pool, pools))
+
+
+def unknown_pool(pool: str, pools: dict[str, int]) -> str:
+    known = ", ".join(f"{name} ({slots} slot(s))" for name, slots in pools.items()) or "none"
+    return (
+        f"resources.resource_pool {pool!r} is not a pool of this cluster; its pools: {known} "
+        "(a worker joins pool NAME with `dask worker ... --resources pool-NAME=1`)"
+    )

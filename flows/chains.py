@@ -216,8 +216,8 @@ class TrialChains:
             self.waiting[trial_id] = reason
             ref = self._ref(work)
             preempted = self.table.rows[trial_id].state == PREEMPTED
+            self.table.set_state(trial_id, PREEMPTED if preempted else QUEUED, reason)
             if not preempted:
-                self.table.set_state(trial_id, QUEUED)
                 self.runs.queued(ref.mlflow_run_id)
             self.runs.client.set_tag(ref.mlflow_run_id, QUEUE_REASON_TAG, reason)
             self.table.publish_soon()

@@ -61,6 +61,7 @@ PRUNED = "PRUNED"  # ended early by an optuna searcher's pruner (its run: FINISH
 SETTLED_STATES = frozenset({COMPLETED, STOPPED, PRUNED})
 # States that count as done for the progress artifact.
 FINISHED_STATES = SETTLED_STATES | {CANCELED, ERROR, "INVALID_HP"}
+WAITING = frozenset({"QUEUED", "PREEMPTED"})  # states whose reason the table shows
 DIGITS = 4  # significant digits of every number the table shows
 # How often publish_soon sends the table at most (see publish_interval_s).
 MIN_PUBLISH_INTERVAL_S = 2.0
@@ -80,6 +81,7 @@ class _Row:
     mlflow: str
     state: str = "QUEUED"
     progress: TrialProgress = NO_PROGRESS
+    reason: str = ""  # why a QUEUED or PREEMPTED trial waits (the job queue's words)
     stale: bool = True  # changed since its numbers were last read
 
 
@@ -131,9 +133,11 @@ class TrialTable:
         else:  # adopted from MLflow: the searcher's own values replace the params' text
             row.hparams = hparams
 
-    def set_state(self, trial_id: int, state: str) -> None:
+    def set_state(self, trial_id: int, state: str, reason: str = "") -> None:
+        """The trial's state; ``reason``: why it waits (shown while it is QUEUED or
+        PREEMPTED, in a column the table has only while some trial waits)."""
         row = self.rows[trial_id]
-        row.state, row.stale = state, True
+        row.state, row.reason, row.stale = state, reason, True
 
     def segment_done(
         self, trial_id: int, batches: int, metric: float, checkpoint: str | None
@@ -174,7 +178,7 @@ class TrialTable:
     def table(self) -> list[dict[str, Any]]:
         """The rows as published, best first, numbers to ``DIGITS`` significant digits."""
         fixed = ["trial", "state", "batches", f"best {self.metric}", "best at batch"]
-        fixed += [self.metric, "best checkpoint", "mlflow"]
+        fixed += [self.metric, "best checkpoint", "mlflow", "waiting for"]
         rows = []
         for row in self._ranked():
             hparams = {
@@ -195,6 +199,10 @@ class TrialTable:
                     "mlflow": row.mlflow,
                 }
             )
+        waiting = {r.trial_id: r.reason for r in self.rows.values() if r.state in WAITING}
+        if any(waiting.values()):
+            for shown in rows:
+                shown["waiting for"] = waiting.get(shown["trial"], "")
         return rows
 
     def progress(self) -> tuple[int, int]:

@@ -373,3 +373,19 @@ def test_trial_ends_publish_at_most_every_interval_and_the_last_change_is_sent(m
     states = {r["trial"]: r["state"] for r in artifacts.latest_table()}
     assert [states[t] for t in (1, 2, 3)] == ["COMPLETED"] * 3
     assert TrialTable("small", "loss", True, str).publish_interval_s == 2.0
+
+
+def test_a_waiting_trial_says_why_in_a_column_the_table_has_only_while_one_waits(monkeypatch):
+    artifacts = Artifacts(monkeypatch)
+    client = FakeMlflow()
+    client.put(run("r1", [], 0.0), [])
+    table = const_table(client)
+    reason = "waiting for a slot: 1 experiment(s) ahead at priority 42 or more urgent"
+    table.set_state(1, "QUEUED", reason)
+    table.publish()
+    (row,) = artifacts.latest_table()
+    assert (row["state"], row["waiting for"]) == ("QUEUED", reason)
+    table.set_state(1, "RUNNING")
+    table.publish()
+    (row,) = artifacts.latest_table()
+    assert row["state"] == "RUNNING" and "waiting for" not in row

@@ -93,14 +93,20 @@ def register_job_queue(client: Client) -> None:
     client.register_plugin(JobQueue(), name=JOB_QUEUE_NAME)
 
 
-def cluster_pools(client: Client) -> dict[str, int]:
-    """Each resource pool of the client's cluster and its slots."""
+def cluster_pools(client: Client) -> dict[str, int] | None:
+    """Each resource pool of the client's cluster and its slots; None where the scheduler
+    cannot run the queue (it cannot import this package: an operator's plain ``dask
+    scheduler``), which the flow then does without."""
     scheduler: Any = client.scheduler
-    pools: dict[str, int] | None = client.sync(scheduler.det_jobs_pools)
-    if pools is None:  # a scheduler without the queue (restarted since it was installed)
-        register_job_queue(client)
-        pools = client.sync(scheduler.det_jobs_pools)
-    return dict(pools or {})
+    try:
+        pools: dict[str, int] | None = client.sync(scheduler.det_jobs_pools)
+        if pools is None:  # a scheduler without the queue (restarted since it was installed)
+            register_job_queue(client)
+            pools = client.sync(scheduler.det_jobs_pools)
+    except Exception as err:  # the plugin failed to unpickle or start there
+        _logger.warning("job queue: not available on the scheduler (%s)", err)
+        return None
+    return None if pools is None else dict(pools)
 
 
 def pool_resource(client: Client, pool: str) -> str | None:

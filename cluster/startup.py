@@ -118,7 +118,10 @@ def _register(client: Client) -> None:
     send_promptly(client)
     client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
     client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
-    register_job_queue(client)
+    try:
+        register_job_queue(client)
+    except Exception as err:  # a scheduler without this package: the flows do without
+        logging.getLogger(__name__).warning("job queue: not installed on the scheduler (%s)", err)
 
 
 # distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed

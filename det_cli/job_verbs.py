@@ -115,6 +115,11 @@ def _ask(call: Any) -> Any:
         raise DetTasksError(
             f"cannot reach the Dask scheduler at {address} ({err}): is the stack up (make up)?"
         ) from None
+    except Exception as err:  # it answered, but cannot run the queue (no det-tasks there)
+        raise DetTasksError(
+            f"the Dask scheduler at {address} cannot run the job queue ({type(err).__name__}: "
+            f"{err}); install det-tasks where it runs"
+        ) from None
 
 
 def _when(timestamp: float) -> str:

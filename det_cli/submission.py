@@ -156,8 +156,8 @@ def check_resource_pool(pool: str | None) -> None:
         return
     try:
         pools = cluster_pools_at(address)
-    except OSError:
-        return  # unreachable: the flow reports it, as it does without a queue
+    except Exception:  # unreachable, or no queue there: the flow checks again and says so
+        return
     wanted = pool or DEFAULT_POOL
     if wanted not in pools:
         raise ConfigError(unknown_pool(wanted, pools))

@@ -110,7 +110,7 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from cluster.held_trials import TrialFailed
-from cluster.job_slots import JobSlots, pool_resource
+from cluster.job_slots import JobSlots, cluster_pools, pool_resource
 from cluster.placement import Placement
 from cluster.pools import DEFAULT_POOL
 from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, worker_memory_mb
@@ -297,8 +297,15 @@ def _queued_chains(
 ) -> TrialChains:
     """The experiment's chains on its resource pool's workers, with a seat in the
     cluster's job queue (cluster.job_queue) that decides when each trial starts."""
+    pools = cluster_pools(client)
+    if pools is None:
+        get_run_logger().warning(
+            "the Dask scheduler cannot run the job queue (install det-tasks where it runs): "
+            "this experiment shares its workers first come, first served"
+        )
+        return chains(Placement(client, run_key))
     pool = cfg.resources.resource_pool or DEFAULT_POOL
-    check_pool(client, pool)  # before any trial: the config names a pool that is not there
+    check_pool(pools, pool)  # before any trial: the config names a pool that is not there
     placement = Placement(client, run_key, pool)
     trials = chains(placement)
     name = cfg.name or trials.config_path.stem

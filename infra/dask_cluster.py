@@ -36,23 +36,24 @@ def scheduler_address(port: int, host: str = "127.0.0.1") -> str:
     return f"tcp://{host}:{port}"
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
-def scheduler_service(root: Path, port: int) -> Service:
-    """``dask scheduler`` on loopback. A lost worker fails its task at once
-    (allowed-failures 0): the experiment's task retries (max_restarts) decide."""
+def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service:
+    """``dask scheduler`` on ``host`` (loopback unless workers on other hosts need another
+    address). A lost worker fails its task at once (allowed-failures 0): the experiment's
+    task retries (max_restarts) decide."""
     argv = [
         sys.executable, "-m", "distributed.cli.dask_scheduler",
-        "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+        "--host", host, "--port", str(port), "--dashboard-address", ":0",
     ]  # fmt: skip
     return Service(
         "dask-scheduler",
         argv,
-        lambda: _port_open(port),
+        lambda: _port_open(port, host),
         root,
         # Steps are placed where their trial is held: no work stealing.
         env={
@@ -118,9 +119,14 @@ def worker_service(
     )
 
 
-def worker_services(root: Path, scheduler: str, env: dict[str, str]) -> list[Service]:
-    """``DET_TASKS_DASK_WORKERS`` (default 2) workers of this host."""
-    count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
+def worker_services(
+    root: Path, scheduler: str, env: dict[str, str], count: int | None = None
+) -> list[Service]:
+    """``count`` workers of this host (None: ``DET_TASKS_DASK_WORKERS``, default 2)."""
+    if count is None:
+        count = int(os.environ.get("DET_TASKS_DASK_WORKERS", "2"))
+    if count == 0:
+        return []
     threads = worker_share(count)
     return [
         worker_service(root, scheduler, f"dask-worker-{i}", env=env, threads=threads)
@@ -142,6 +148,8 @@ def registered_workers(scheduler: str, timeout_s: float = 3.0) -> set[str]:
     try:
         return asyncio.run(asyncio.wait_for(ask(), timeout_s))
     except (OSError, TimeoutError):
+        return set()
+    except Exception:  # something else answered on that address (not a Dask scheduler)
         return set()
 
 

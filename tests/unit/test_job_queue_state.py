@@ -100,3 +100,18 @@ def test_a_workers_pool_is_its_pool_resource(resources: dict, pool: str) -> None
 def test_pools_count_workers_or_their_gpus() -> None:
     queue = _queue({}, {"pool-gpu": 1, "GPU": 2}, {"pool-gpu": 1, "GPU": 2})
     assert queue.pools() == {"default": 1, "gpu": 4}
+
+
+def test_an_unknown_pool_is_refused_in_one_line_that_lists_the_pools() -> None:
+    from det_tasks.errors import ConfigError
+    from flows.job_settings import check_pool
+
+    check_pool({"default": 2, "gpu": 4}, "gpu")  # known: nothing to say
+    with pytest.raises(ConfigError) as refused:
+        check_pool({"default": 2, "gpu": 4}, "tpu")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "resources.resource_pool 'tpu' is not a pool of this cluster; its pools: "
+        "default (2 slot(s)), gpu (4 slot(s))"
+    )

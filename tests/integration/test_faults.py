@@ -1,9 +1,19 @@
 """Fault matrix (``make test-slow``): SIGKILL of a trial's process, of one distributed rank,
-of the MLflow server, of the S3 server and of the Prefect server, each at 5 random points
+of the MLflow server, of the S3 server and of the Prefect server, each at random points
 of an experiment (``python -m flows.experiment`` against the test stack). A killed service
 is restarted a moment later. Each run must finish with the undisturbed run's final metric
 and weights, and every training point stored exactly once. Prints survived/total per fault
-and the seeds of the random points."""
+and the seeds of the random points.
+
+Issue 7 asks for each fault at 5 random points. The repeats are not there for flakiness:
+each one kills at another moment (before, between or after the checkpoints at batches 30,
+60 and 90; while a trial or a service is starting), and a rare failure shows up in one
+repeat of five (a distributed rank once survived 4/5). All 25 take about 16 min on CI's
+2-core VM, over a quarter of its budget, so ``make test-slow`` runs each fault at
+``CI_REPEATS`` random points, with fresh seeds every run (printed), so CI runs add up to
+more points over time. ``DET_TASKS_FAULT_REPEATS=5`` runs the matrix as issue 7 asks
+(``DET_TASKS_FAULT_REPEATS=5 make test-slow``, or pytest on this file): run it before a
+release and after a change to restarts, checkpoints or the services' clients."""
 
 from __future__ import annotations
 
@@ -29,7 +39,9 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLABLE = ROOT / "tests" / "fixtures" / "flow_model" / "killable.yaml"
-REPEATS = 5
+CI_REPEATS = 2
+FULL_REPEATS = 5  # issue 7's matrix
+REPEATS_ENV = "DET_TASKS_FAULT_REPEATS"
 TRAINING_S = 6.0  # 120 batches x sleep_s 0.05
 
 
@@ -110,6 +122,18 @@ def _reference(tmp_path: Path, extra: list[str]) -> dict[str, Any]:
     return _REFERENCES[key]
 
 
+def _repeats() -> int:
+    """How many random points each fault is tried at: ``REPEATS_ENV``, else CI_REPEATS."""
+    raw = os.environ.get(REPEATS_ENV, str(CI_REPEATS))
+    if not raw.isdigit() or int(raw) < 1:
+        pytest.fail(
+            f"{REPEATS_ENV}={raw!r}: expected a whole number of random points per fault, "
+            f"at least 1 ({FULL_REPEATS} for issue 7's full matrix)",
+            pytrace=False,
+        )
+    return int(raw)
+
+
 def _matrix(
     name: str,
     tmp_path: Path,
@@ -117,9 +141,11 @@ def _matrix(
     pids_needed: int,
     inject: Callable[[list[int], random.Random], None],
 ) -> None:
+    repeats = _repeats()
     reference = _reference(tmp_path, extra)
     failures = []
-    seeds = [random.randrange(2**32) for _ in range(REPEATS)]
+    seeds = [random.randrange(2**32) for _ in range(repeats)]
+    started = time.monotonic()
     for i, seed in enumerate(seeds):
         rng = random.Random(seed)
         pid_file = tmp_path / f"pids-{i}"
@@ -131,7 +157,11 @@ def _matrix(
         problem = _matches(summary, reference)
         if problem is not None:
             failures.append(f"seed {seed}: {problem}\n{err[-1500:]}")
-    print(f"\nSIGKILL {name}: survived {REPEATS - len(failures)}/{REPEATS} (seeds {seeds})")
+    print(
+        f"\nSIGKILL {name}: survived {repeats - len(failures)}/{repeats} (seeds {seeds}; "
+        f"{(time.monotonic() - started) / repeats:.1f} s a repeat; "
+        f"{REPEATS_ENV}={FULL_REPEATS} for issue 7's full matrix)"
+    )
     assert not failures, "\n".join(failures)
 
 

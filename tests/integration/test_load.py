@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 METRICS = 50
 BATCHES = 5000
+PG_STACK_OFFSET = 200  # the PostgreSQL stack's ports, beside the session stack's
 
 
 class FiftyMetricsTrial(OneVarTrial):
@@ -171,7 +172,7 @@ def postgres_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         pytest.skip("no PostgreSQL server binaries on this machine")
     config = isolated_stack_config(
         tmp_path_factory.mktemp("pg-stack"),
-        200,
+        PG_STACK_OFFSET,
         postgres_port=25432 + int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0")),
     )
     try:
@@ -191,7 +192,10 @@ def test_thirty_two_mnist_trials_at_once_on_postgresql(
         PREFECT_HOME=str(tmp_path / "prefect"),
         DET_TASKS_CACHE_DIR=str(tmp_path / "cache"),
     )
-    assert postgres_stack["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:25201")
+    # The PostgreSQL stack's own MLflow, not the session stack's (DET_TASKS_TEST_PORT_OFFSET
+    # shifts both).
+    pg_mlflow_port = isolated_stack_config(tmp_path, PG_STACK_OFFSET).mlflow_port
+    assert postgres_stack["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{pg_mlflow_port}"
     started = time.perf_counter()
     proc = subprocess.run(
         [

@@ -11,9 +11,10 @@ folder, stopped at the end), with the flow tests' XOR trial slowed by a sleep pe
    ``det experiment create`` command to its trial's first training batch (target: <= 30 s
    plus one batch), and whether the preempted trial's final weights equal a ``det-tasks
    run`` of the same trial that was never preempted.
-3. Weights on 4 workers: experiments of weights 1 and 3 (4 trials each, 4 at a time)
-   created together; ``det job list`` sampled every 0.5 s. Printed: the slots each held
-   while both wanted more than their share, and how often that was 1 and 3.
+3. Weights on 4 workers: experiments of weights 1 and 3 (8 trials each, 4 at a time) queued
+   behind a 4-trial blocker; the queue (``det job list``'s source) sampled every 0.5 s.
+   Printed: the slots each held while both had trials waiting, and how often that was 1
+   and 3.
 
     python bench/job_queue.py [--port-offset 0]
 """
@@ -226,32 +227,43 @@ def bit_equal(env: dict[str, str], tmp: Path) -> str:
 
 
 def weights(env: dict[str, str]) -> None:
+    """A blocker holds all 4 workers while both weighted experiments queue, so every slot
+    that frees is a decision between the two (a first-come experiment's trials that already
+    run are never preempted for a share: that is no decision)."""
     common = [
-        "hyperparameters.learning_rate=0.05", "hyperparameters.hidden.vals=[4,8,16,32]",
-        "searcher.max_concurrent_trials=4", f"hyperparameters.sleep_s={SLEEP_S}",
-        "searcher.max_length.batches=200",
+        "hyperparameters.hidden.vals=[4,8,16,32]", "searcher.max_concurrent_trials=4",
+        f"hyperparameters.sleep_s={SLEEP_S}", "searcher.max_length.batches=150",
     ]  # fmt: skip
+    blocker = create(
+        env, "grid.yaml", "name=bench-q-blocker", "hyperparameters.learning_rate=0.05", *common
+    )
+    wait_until(
+        lambda: any(j["name"] == "bench-q-blocker" and j["held"] == 4 for j in job_list(env)),
+        300,
+        "blocker",
+    )
     light = create(env, "grid.yaml", "name=bench-q-w1", "resources.weight=1", *common)
     heavy = create(env, "grid.yaml", "name=bench-q-w3", "resources.weight=3", *common)
-    samples: Counter[tuple[int, int]] = Counter()
     names = {"bench-q-w1", "bench-q-w3"}
     wait_until(lambda: names <= {j["name"] for j in job_list(env)}, 300, "both queued")
+    samples: Counter[tuple[int, int]] = Counter()
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         listing = {j["name"]: j for j in job_list(env)}
-        if "bench-q-w1" not in listing and "bench-q-w3" not in listing:
+        if not names & set(listing):
             break
         a, b = listing.get("bench-q-w1"), listing.get("bench-q-w3")
-        if a and b and a["wanted"] > 1 and b["wanted"] > 3:  # both want more than their share
-            samples[(a["held"], b["held"])] += 1
+        if a and b and a["wanted"] > a["held"] and b["wanted"] > b["held"]:
+            samples[(a["held"], b["held"])] += 1  # both still wait for slots
         time.sleep(0.5)
-    wait_finished(env, light)
-    wait_finished(env, heavy)
+    for ident in (blocker, light, heavy):
+        wait_finished(env, ident)
     total = sum(samples.values())
     shown = ", ".join(f"{a} and {b}: {n}" for (a, b), n in samples.most_common())
     print(
-        f"3. weights 1 and 3 on 4 workers, slots held while both wanted more: {shown} "
-        f"({samples[(1, 3)]} of {total} samples were 1 and 3)"
+        f"3. weights 1 and 3 on 4 workers (8 trials each, queued behind a 4-trial blocker): "
+        f"slots held while both had trials waiting: {shown} ({samples[(1, 3)]} of {total} "
+        f"samples, 0.5 s apart, were 1 and 3)"
     )
 
 

@@ -17,8 +17,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = [
     "Network",
@@ -197,17 +199,27 @@ def destroy(net: Network) -> None:
         raise NetnsError(f"could not remove {', '.join(left)}")
 
 
-# Runs as the host's first process: its own hostname and mount namespace, a private /tmp,
-# the folders other hosts write hidden under empty read-only mounts, then the command.
+# Runs as the host's first process: its own hostname and mount namespace, a private /tmp
+# (what must stay visible under /tmp, the installation a worker runs from, is bound back
+# into it from the old /tmp, kept reachable for a moment under /run), the folders other
+# hosts write hidden under empty tmpfs mounts, then the command.
 _HOST_SCRIPT = """set -e
 hostname "$0"
-for hidden in $1; do
-  if [ -d "$hidden" ]; then mount -t tmpfs -o size=64k,mode=0555 tmpfs "$hidden"; fi
-done
+old=/run/det-tasks-host-$$
+mkdir -p "$old"
+mount --bind /tmp "$old"
 mount -t tmpfs -o mode=1777 tmpfs /tmp
-mkdir -p "$2"
-cd "$2"
-shift 2
+for keep in $2; do
+  case "$keep" in /tmp/*) mkdir -p "$keep"; mount --bind "$old/${keep#/tmp/}" "$keep";; esac
+done
+umount -l "$old"
+rmdir "$old"
+for hidden in $1; do
+  if [ -d "$hidden" ]; then mount -t tmpfs -o mode=0755 tmpfs "$hidden"; fi
+done
+mkdir -p "$3"
+cd "$3"
+shift 3
 exec "$@"
 """
 
@@ -219,11 +231,19 @@ def host_argv(
     a private ``/tmp``, the folders ``hidden`` (other hosts' files) out of sight, and
     ``workdir`` (created on a private mount, e.g. under /tmp or a hidden folder) as its
     current directory."""
-    if any(" " in path for path in hidden):
-        raise ValueError(f"hidden folders may not contain spaces: {list(hidden)}")
+    keep = _installation()
+    if any(" " in path for path in [*hidden, *keep]):
+        raise ValueError(f"hidden or kept folders may not contain spaces: {[*hidden, *keep]}")
     return [
         "ip", "netns", "exec", net.namespace(host),
         "unshare", "--mount", "--uts", "--propagation", "private",
-        "sh", "-c", _HOST_SCRIPT, hostname, " ".join(hidden), workdir,
+        "sh", "-c", _HOST_SCRIPT, hostname, " ".join(hidden), " ".join(keep), workdir,
         *argv,
     ]  # fmt: skip
+
+
+def _installation() -> list[str]:
+    """What a host runs from and must still see under its private /tmp: the checkout and
+    the Python environment (a CI clone or a virtualenv may live under /tmp)."""
+    checkout = Path(__file__).resolve().parents[1]
+    return sorted({str(checkout), sys.prefix, sys.base_prefix})

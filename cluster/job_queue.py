@@ -44,12 +44,12 @@ class _Job:
     name: str
     user: str
     pool: str
-    priority: int
-    weight: float
-    max_slots: int | None
     need: int
     max_trials: int
-    client: str | None
+    client: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    weight: float = 1.0
+    max_slots: int | None = None
     submitted: float = dataclasses.field(default_factory=time.time)
     seen: float = dataclasses.field(default_factory=time.monotonic)
     running: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -139,38 +139,36 @@ class JobQueue(SchedulerPlugin):
             "settings": {name: getattr(entry, name) for name in SETTINGS},
         }
 
-    def end(self, key: str, paused: bool = False) -> None:
-        """The flow ends: a paused job stays listed (PAUSED, no slots); any other goes."""
+    def end(self, key: str, paused: bool = False) -> bool:
+        """The flow ends: a paused job stays listed (PAUSED, no slots); any other goes.
+        True if the queue knew the job (every handler answers: None means no queue)."""
         job = self.jobs.get(key)
         if job is None:
-            return
+            return False
         if paused:
             job.paused, job.running, job.waiting, job.preempting = True, {}, (), set()
         else:
             del self.jobs[key]
             self.overrides.pop(key, None)
+        return True
 
     def _entry(self, key: str, report: dict[str, Any]) -> _Job:
-        settings = {**report, **self.overrides.get(key, {})}
+        """The flow's job, its settings those it reports unless `det job update` set them."""
         job = self.jobs.get(key)
         if job is None:
-            job = _Job(
+            job = self.jobs[key] = _Job(
                 key=key,
                 name=str(report.get("name", key)),
                 user=str(report.get("user", "")),
                 pool=str(report.get("pool", DEFAULT_POOL)),
-                priority=int(settings.get("priority", DEFAULT_PRIORITY)),
-                weight=float(settings.get("weight", 1.0)),
-                max_slots=settings.get("max_slots"),
                 need=int(report.get("need", 1)),
                 max_trials=int(report.get("max_trials", 1)),
-                client=report.get("client"),
             )
-            self.jobs[key] = job
         job.client = report.get("client", job.client)
-        for name in SETTINGS:
-            if name in self.overrides.get(key, {}):
-                setattr(job, name, self.overrides[key][name])
+        settings = {**report, **self.overrides.get(key, {})}
+        job.priority = int(settings.get("priority", DEFAULT_PRIORITY))
+        job.weight = float(settings.get("weight", 1.0))
+        job.max_slots = settings.get("max_slots")
         return job
 
     def _drop_stale(self, now: float) -> None:

@@ -43,7 +43,7 @@ def _call(address: str, op: str, **kwargs: Any) -> Any:
     async def exchange() -> Any:
         async with rpc(address, timeout=10) as scheduler:
             answer = await getattr(scheduler, op)(**kwargs)
-            if answer is None and op != "det_jobs_end":  # no queue on this scheduler yet
+            if answer is None:  # no queue on this scheduler yet (every handler answers)
                 await _install(scheduler)
                 answer = await getattr(scheduler, op)(**kwargs)
             return answer

@@ -60,31 +60,32 @@ class JobSlots:
         self.report: dict[str, Any] = {**dataclasses.asdict(settings), "client": client.id}
 
     def sync(self, waiting: list[int], running: list[int]) -> Turn:
-        """Report and learn (re-registering the queue once if the scheduler restarted and
-        lost it)."""
-        try:
-            answer = self._call("det_jobs_sync", waiting=waiting, running=running)
-        except KeyError:
-            register_job_queue(self.client)
-            answer = self._call("det_jobs_sync", waiting=waiting, running=running)
+        """Report and learn."""
+        answer = _ask(
+            self.client, "det_jobs_sync", key=self.key, job=self.report, waiting=waiting,
+            running=running,
+        )  # fmt: skip
         self.report.update(answer["settings"])
         return Turn(list(answer["grants"]), list(answer["preempt"]), str(answer["reason"]))
 
     def end(self, paused: bool) -> None:
         """The flow ends: a paused experiment stays listed until it is activated."""
         try:
-            self._call("det_jobs_end", paused=paused)
+            _ask(self.client, "det_jobs_end", key=self.key, paused=paused)
         except Exception as err:  # the scheduler is gone: so is the queue
             _logger.debug("job queue: could not end job %s: %s", self.key, err)
 
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        handler = getattr(self.client.scheduler, op)
-        if op == "det_jobs_sync":
-            kwargs["job"] = self.report
-        answer = self.client.sync(handler, key=self.key, **kwargs)
-        if answer is None and op == "det_jobs_sync":  # a scheduler without the queue
-            raise KeyError(op)
-        return answer
+
+def _ask(client: Client, op: str, **kwargs: Any) -> Any:
+    """One call to the queue's handler ``op``. Every handler answers something, so None
+    means a scheduler without the queue (restarted since it was installed): it is
+    installed again and asked once more."""
+    handler = getattr(client.scheduler, op)
+    answer = client.sync(handler, **kwargs)
+    if answer is None:
+        register_job_queue(client)
+        answer = client.sync(handler, **kwargs)
+    return answer
 
 
 def register_job_queue(client: Client) -> None:
@@ -96,15 +97,11 @@ def register_job_queue(client: Client) -> None:
 def cluster_pools(client: Client) -> dict[str, int] | None:
     """Each resource pool of the client's cluster and its slots; None where the scheduler
     cannot run the queue (it cannot import this package: an operator's plain ``dask
-    scheduler``), which the flow then does without."""
-    scheduler: Any = client.scheduler
+    scheduler``), which the flow then does without (and says so)."""
     try:
-        pools: dict[str, int] | None = client.sync(scheduler.det_jobs_pools)
-        if pools is None:  # a scheduler without the queue (restarted since it was installed)
-            register_job_queue(client)
-            pools = client.sync(scheduler.det_jobs_pools)
+        pools = _ask(client, "det_jobs_pools")
     except Exception as err:  # the plugin failed to unpickle or start there
-        _logger.warning("job queue: not available on the scheduler (%s)", err)
+        _logger.debug("job queue: not available on the scheduler (%s)", err)
         return None
     return None if pools is None else dict(pools)
 

@@ -120,8 +120,8 @@ def _register(client: Client) -> None:
     client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
     try:
         register_job_queue(client)
-    except Exception as err:  # a scheduler without this package: the flows do without
-        logging.getLogger(__name__).warning("job queue: not installed on the scheduler (%s)", err)
+    except Exception as err:  # a scheduler without this package: the flow says it does without
+        logging.getLogger(__name__).debug("job queue: not installed on the scheduler (%s)", err)
 
 
 # distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 from typing import Any
 
-from cluster.environment import SCHEDULER_ENV
+from cluster.environment import stack_scheduler
 from det_tasks.errors import DetTasksError
 
 __all__ = [
@@ -103,23 +102,17 @@ def _update(ident: str, settings: dict[str, Any]) -> int:
 
 
 def _ask(call: Any) -> Any:
-    address = os.environ.get(SCHEDULER_ENV)
-    if not address:
-        raise DetTasksError(
-            f"{SCHEDULER_ENV} is not set: the job queue lives on the stack's Dask scheduler "
-            "(source .stack/env after make up)"
-        )
-    try:
-        return call(address)
-    except OSError as err:
-        raise DetTasksError(
-            f"cannot reach the Dask scheduler at {address} ({err}): is the stack up (make up)?"
-        ) from None
-    except Exception as err:  # it answered, but cannot run the queue (no det-tasks there)
-        raise DetTasksError(
-            f"the Dask scheduler at {address} cannot run the job queue ({type(err).__name__}: "
-            f"{err}); install det-tasks where it runs"
-        ) from None
+    why = "the job queue lives on the stack's Dask scheduler (source .stack/env after make up)"
+    with stack_scheduler(why) as address:
+        try:
+            return call(address)
+        except OSError:
+            raise  # stack_scheduler says it cannot be reached
+        except Exception as err:  # it answered, but cannot run the queue (no det-tasks there)
+            raise DetTasksError(
+                f"the Dask scheduler at {address} cannot run the job queue "
+                f"({type(err).__name__}: {err}); install det-tasks where it runs"
+            ) from None
 
 
 def _when(timestamp: float) -> str:

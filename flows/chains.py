@@ -213,12 +213,13 @@ class TrialChains:
             trial_id = work.trial_id
             if self.waiting.get(trial_id) == reason:
                 continue
+            began = trial_id not in self.waiting  # else only the reason changed
             self.waiting[trial_id] = reason
             ref = self._ref(work)
             preempted = self.table.rows[trial_id].state == PREEMPTED
-            self.table.set_state(trial_id, PREEMPTED if preempted else QUEUED, reason)
-            if not preempted:
+            if began and not preempted:
                 self.runs.queued(ref.mlflow_run_id)
+            self.table.set_state(trial_id, PREEMPTED if preempted else QUEUED, reason)
             self.runs.client.set_tag(ref.mlflow_run_id, QUEUE_REASON_TAG, reason)
             self.table.publish_soon()
 

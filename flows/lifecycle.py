@@ -20,7 +20,7 @@ import contextlib
 import os
 import uuid
 
-from cluster.environment import SCHEDULER_ENV
+from cluster.environment import SCHEDULER_ENV, stack_scheduler
 from cluster.job_requests import forget_job
 from cluster.stop_requests import STOP_STATES, request_stop_at
 from det_tasks.errors import DetTasksError
@@ -123,18 +123,11 @@ def _require_active(run: FlowRun, verb: str) -> None:
 def _request(experiment_key: str, mode: str) -> None:
     """Leave the stop request where the experiment's flow reads it: the stack's scheduler
     (cluster.stop_requests), through one RPC, without a Dask client of its own."""
-    address = os.environ.get(SCHEDULER_ENV)
-    if not address:
-        raise DetTasksError(
-            f"{SCHEDULER_ENV} is not set: pause, cancel and kill reach an experiment through "
-            "the stack's Dask scheduler (source .stack/env after make up); an experiment run "
-            "with python -m flows.experiment stops with Ctrl-C in its terminal"
-        )
-    try:
+    with stack_scheduler(
+        "pause, cancel and kill reach an experiment through the stack's Dask scheduler "
+        "(source .stack/env after make up); an experiment run with python -m flows.experiment "
+        "stops with Ctrl-C in its terminal"
+    ) as address:
         before = request_stop_at(address, experiment_key, mode)
-    except OSError as err:
-        raise DetTasksError(
-            f"cannot reach the Dask scheduler at {address} ({err}): is the stack up (make up)?"
-        ) from None
     if before == mode:
         raise DetTasksError(f"experiment {experiment_key[:8]}: {mode} was already requested")

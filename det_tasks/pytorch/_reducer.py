@@ -21,7 +21,6 @@ __all__ = [
     "MetricReducer",
     "Reducer",
     "reduce_batch_metrics",
-    "simple_reduce",
     "to_python",
 ]
 
@@ -89,7 +88,7 @@ def to_python(value: Any) -> Any:
     return value
 
 
-def simple_reduce(reducer: Reducer, values: Any, weights: list[int] | None = None) -> Any:
+def _simple_reduce(reducer: Reducer, values: Any, weights: list[int] | None = None) -> Any:
     """Determined's reduction of stacked values, in their own dtype: float32 metrics reduce
     in float32 and come back as ``np.float32`` (what its callbacks receive)."""
     if reducer is Reducer.AVG:
@@ -104,13 +103,13 @@ def simple_reduce(reducer: Reducer, values: Any, weights: list[int] | None = Non
 def _reduce_slots(reducer: Reducer, slot_values: list[list[Any]]) -> Any:
     """Per slot over its stacked batches, then across the slots that had any (an average
     weighted by their batch counts), as Determined's ``_reduce_metrics`` does."""
-    per_slot = [(simple_reduce(reducer, np.stack(v)), len(v)) for v in slot_values if v]
+    per_slot = [(_simple_reduce(reducer, np.stack(v)), len(v)) for v in slot_values if v]
     if not per_slot:
         return math.nan
     if len(per_slot) == 1:
         return per_slot[0][0]
     values, counts = zip(*per_slot, strict=True)
-    return simple_reduce(reducer, list(values), weights=list(counts))
+    return _simple_reduce(reducer, list(values), weights=list(counts))
 
 
 def reduce_batch_metrics(

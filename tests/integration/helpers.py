@@ -125,6 +125,30 @@ def run_xor_trial(
     )
 
 
+def flow_experiment(config: str, *overrides: str) -> subprocess.Popen[str]:
+    """``python -m flows.experiment`` of a flow tests' config against the stack (its
+    variables are in this process's environment while the ``stack`` fixture lives), as a
+    second user types it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(FLOW_MODEL / config), *overrides],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> Any:
+    """``condition()``'s first true value, polled every 0.5 s; fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+
+
 def group_alive(pgid: int) -> list[str]:
     """Processes of the group ``pgid`` still alive (an exited, not yet reaped one is not)."""
     out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout

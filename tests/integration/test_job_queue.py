@@ -10,25 +10,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.helpers import FLOW_MODEL, REPO
+from tests.integration.helpers import FLOW_MODEL, REPO, flow_experiment, wait_for
 
 LOW_BATCHES = 400  # 0.1 s a batch: each holder trains ~40 s, past the 30 s minimum
-
-
-def _experiment(config: str, *overrides: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.experiment", str(FLOW_MODEL / config), *overrides],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _det(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,16 +27,6 @@ def _det(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
-
-
-def _wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
 
 
 def _queued_job(name: str) -> list[str] | None:
@@ -83,7 +62,7 @@ def test_a_raised_job_preempts_after_the_minimum_and_the_preempted_trial_resumes
     from registry.tracking import client_for
 
     pids = tmp_path / "pids"
-    holders = _experiment(
+    holders = flow_experiment(
         "grid.yaml",
         "name=queue-holders",
         "hyperparameters.hidden=8",  # a grid of 2 (learning rates) on the stack's 2 workers
@@ -91,20 +70,20 @@ def test_a_raised_job_preempts_after_the_minimum_and_the_preempted_trial_resumes
         f"searcher.max_length.batches={LOW_BATCHES}",
         f"data.pid_file={pids}",
     )
-    _wait_for(
+    wait_for(
         lambda: len(pids.read_text().split()) >= 2 if pids.exists() else False,
         300,
         "both holders training",
     )
-    urgent = _experiment(
+    urgent = flow_experiment(
         "killable.yaml",
         "name=queue-urgent",
         "hyperparameters.sleep_s=0",
         "searcher.max_length.batches=30",
     )
     # Same priority (42) as the holders: it waits, QUEUED, and says why.
-    cells = _wait_for(lambda: _queued_job("queue-urgent"), 120, "queue-urgent QUEUED")
-    (trial,) = _wait_for(
+    cells = wait_for(lambda: _queued_job("queue-urgent"), 120, "queue-urgent QUEUED")
+    (trial,) = wait_for(
         lambda: [r for r in _trial_runs("queue-urgent") if "det.queue_reason" in r.data.tags],
         60,
         "its trial's run, with its reason",

@@ -7,8 +7,6 @@ held trial mid-step: the trial failed and spent a restart)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,21 +14,7 @@ import pytest
 
 from registry.models import trial_runs
 from registry.tracking import client_for
-
-REPO = Path(__file__).resolve().parents[2]
-FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
-
-
-def _experiment(config: str, *overrides: str) -> subprocess.Popen[str]:
-    """``python -m flows.experiment`` against the stack (its variables are in this
-    process's environment while the ``stack`` fixture lives), as a second user types it."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.experiment", str(FLOW_MODEL / config), *overrides],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+from tests.integration.helpers import flow_experiment
 
 
 def _lines(path: Path) -> list[str]:
@@ -54,7 +38,7 @@ def test_a_second_experiment_leaves_the_first_ones_trials_training(stack, tmp_pa
     first_pids, second_pids = tmp_path / "first", tmp_path / "second"
     # 4 trials, 2 at a time on the stack's 2 workers, no restart allowed: a step that fails
     # fails the experiment; each trial writes its worker's pid once per build.
-    first = _experiment(
+    first = flow_experiment(
         "grid.yaml",
         "hyperparameters.sleep_s=0.05",
         "searcher.max_length.batches=80",
@@ -65,7 +49,7 @@ def test_a_second_experiment_leaves_the_first_ones_trials_training(stack, tmp_pa
     while len(_lines(first_pids)) < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(_lines(first_pids)) >= 2, first.communicate()[1][-3000:]
-    second = _experiment(
+    second = flow_experiment(
         "killable.yaml",
         "hyperparameters.sleep_s=0",
         "searcher.max_length.batches=30",

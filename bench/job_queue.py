@@ -22,6 +22,7 @@ folder, stopped at the end), with the flow tests' XOR trial slowed by a sleep pe
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import re
@@ -91,12 +92,17 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any
     raise TimeoutError(f"not within {timeout_s:.0f} s: {what}")
 
 
-def trials(env: dict[str, str], name: str) -> list[Any]:
-    """The experiment's trial runs (MLflow), with their first training batch's time."""
-    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+@functools.lru_cache(maxsize=4)
+def mlflow(uri: str) -> Any:
+    """One MLflow client per stack for the whole bench (it polls every 0.25 s)."""
     from registry.tracking import client_for
 
-    client = client_for(env["MLFLOW_TRACKING_URI"])
+    return client_for(uri)
+
+
+def trials(env: dict[str, str], name: str) -> list[Any]:
+    """The experiment's trial runs (MLflow)."""
+    client = mlflow(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         return []
@@ -106,9 +112,7 @@ def trials(env: dict[str, str], name: str) -> list[Any]:
 
 def first_batch_s(env: dict[str, str], run: Any) -> float | None:
     """When the run logged its first training metric (epoch seconds), None before."""
-    from registry.tracking import client_for
-
-    history = client_for(env["MLFLOW_TRACKING_URI"]).get_metric_history(
+    history = mlflow(env["MLFLOW_TRACKING_URI"]).get_metric_history(
         run.info.run_id, "training/loss"
     )
     first = min((m.timestamp for m in history), default=None)
@@ -193,9 +197,8 @@ def bit_equal(env: dict[str, str], tmp: Path) -> str:
 
     from det_tasks import pytorch
     from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
 
-    client = client_for(env["MLFLOW_TRACKING_URI"])
+    client = mlflow(env["MLFLOW_TRACKING_URI"])
     runs = trials(env, "bench-q-holders")
     resumed = [r for r in runs if "det.queue_reason" in r.data.tags]
     if not resumed:

@@ -14,7 +14,7 @@ from typing import Any
 from distributed import Client
 
 from cluster.job_queue import JOB_QUEUE_NAME, JobQueue
-from cluster.pools import DEFAULT_POOL, POOL_RESOURCE_PREFIX, worker_pool
+from cluster.pools import DEFAULT_POOL, POOL_RESOURCE_PREFIX
 
 __all__ = [
     "JobSettings",
@@ -106,10 +106,8 @@ def cluster_pools(client: Client) -> dict[str, int] | None:
     return None if pools is None else dict(pools)
 
 
-def pool_resource(client: Client, pool: str) -> str | None:
+def pool_resource(pools: dict[str, int], pool: str) -> str | None:
     """The Dask resource a step of ``pool`` asks for (``pool-<name>``) where the cluster's
-    workers form several pools; None where they form one (every worker may take it, named
-    or not)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    pools = {worker_pool(w.get("resources", {})) for w in workers}
+    workers form several ``pools`` (cluster_pools); None where they form one (every worker
+    may take it, named or not)."""
     return POOL_RESOURCE_PREFIX + pool if len(pools) > 1 else None

@@ -310,7 +310,7 @@ def _queued_chains(
     trials = chains(placement)
     name = cfg.name or trials.config_path.stem
     trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))
-    trials.pool_resource = pool_resource(client, pool)
+    trials.pool_resource = pool_resource(pools, pool)
     return trials
 
 

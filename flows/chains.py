@@ -234,17 +234,10 @@ class TrialChains:
     def _gave_way(self, stage: _Stage, result: StepResult) -> list[Work]:
         """A preempted trial checkpointed and freed its slot: its work goes back to the
         front of the queue, to resume from that checkpoint."""
-        trial_id = stage.work.trial_id
-        self.last[trial_id] = stage.future
-        self.position[trial_id] = result.position
-        self.placement.done(trial_id)
-        self.table.set_state(trial_id, PREEMPTED)
-        if result.checkpoint:
-            self.table.segment_done(trial_id, result.position, math.nan, result.checkpoint)
-        self.table.publish_soon()
+        self._stopped(stage, result, PREEMPTED)
         get_run_logger().info(
             "trial %d preempted at batch %d, checkpoint %s: it waits for a slot",
-            trial_id,
+            stage.work.trial_id,
             result.position,
             result.checkpoint,
         )
@@ -273,7 +266,8 @@ class TrialChains:
         if stage.preempted:
             return self._gave_way(stage, result), []
         if result.preempted is not None or stage.stopped:
-            self._stopped(stage, result)
+            assert self.stop is not None and self.stop.state is not None
+            self._stopped(stage, result, self.stop.state)
             return [], []
         return self._segment_done(stage, result, searcher)
 
@@ -334,16 +328,16 @@ class TrialChains:
         self.table.publish_soon()
         return True
 
-    def _stopped(self, stage: _Stage, result: StepResult) -> None:
-        """A trial stopped on request: its worker is free; its row says why."""
+    def _stopped(self, stage: _Stage, result: StepResult, state: str) -> None:
+        """A trial stopped on request, or preempted: its worker is free; its row says so
+        (``state``) with the checkpoint it stopped at."""
         trial_id = stage.work.trial_id
         self.last[trial_id] = stage.future
         self.position[trial_id] = result.position
         self.placement.done(trial_id)
-        assert self.stop is not None and self.stop.state is not None
-        self.table.set_state(trial_id, self.stop.state)
+        self.table.set_state(trial_id, state)
         if stage.kind == "train":  # killed: no checkpoint; the held trial is dropped
-            self._release(stage.ref, result, self.stop.state)
+            self._release(stage.ref, result, state)
         if stage.kind == "checkpoint" and result.checkpoint:
             self.table.segment_done(trial_id, result.position, math.nan, result.checkpoint)
         self.table.publish_soon()

@@ -18,7 +18,7 @@ from typing import Any
 
 from det_tasks.errors import ConfigError, DetTasksError
 from flows.deployment_runs import log_reader, start_deployment_run
-from flows.job_settings import USER_TAG_PREFIX, submitting_user, unknown_pool
+from flows.job_settings import USER_TAG_PREFIX, check_pool, local_user
 
 __all__ = [
     "EXPERIMENT_DEPLOYMENT",
@@ -130,7 +130,7 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
             "overrides": list(args.param),
             "package": package,
         },
-        tags=[USER_TAG_PREFIX + submitting_user()],
+        tags=[USER_TAG_PREFIX + local_user()],
     )
     print(f"Created experiment {shown_id(flow_run.id)}")
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
@@ -158,9 +158,7 @@ def check_resource_pool(pool: str | None) -> None:
         pools = cluster_pools_at(address)
     except Exception:  # unreachable, or no queue there: the flow checks again and says so
         return
-    wanted = pool or DEFAULT_POOL
-    if wanted not in pools:
-        raise ConfigError(unknown_pool(wanted, pools))
+    check_pool(pools, pool or DEFAULT_POOL)
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:

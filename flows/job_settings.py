@@ -20,6 +20,7 @@ __all__ = [
     "USER_TAG_PREFIX",
     "check_pool",
     "job_settings",
+    "local_user",
     "submitting_user",
     "unknown_pool",
 ]
@@ -48,12 +49,17 @@ def job_settings(cfg: ExperimentConfig, name: str, concurrency: int, gpus: bool)
 
 def submitting_user() -> str:
     """Who submitted the flow run: its ``det-user:`` tag (``det experiment create`` adds
-    it), else DET_USER, else this process's OS user."""
+    it), else the user of this process (local_user)."""
     from prefect.runtime import flow_run
 
     for tag in flow_run.get_tags() or []:
         if tag.startswith(USER_TAG_PREFIX):
             return tag[len(USER_TAG_PREFIX) :]
+    return local_user()
+
+
+def local_user() -> str:
+    """DET_USER (Determined's variable), else this process's OS user."""
     return os.environ.get(USER_ENV) or getpass.getuser()
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -158,12 +159,14 @@ def trains_past(det: Det, short: str, batches: int) -> bool:
     return trained(det, short) > batches
 
 
-def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+def until(check: Callable[[], Any], timeout: float, what: str, every_s: float = 0.5) -> Any:
+    """``check()``'s first true value, asked every ``every_s``; fails naming ``what``."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
+        time.sleep(every_s)
+    return value
 
 
 def trained(det: Det, short: str) -> int:

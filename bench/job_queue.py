@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from det_latency import stack_config  # noqa: E402  (a sibling script, not a package)
+from det_latency import stack_config, until  # noqa: E402  (a sibling script, not a package)
 
 from infra.stack import down, up  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "flow_model"
+POLL_S = 0.25  # how often the bench looks (when an experiment asked the queue is timed)
 SLEEP_S = 0.1  # per batch: the trials train slowly and lightly, as long trials would
 
 
@@ -80,16 +81,6 @@ def create(env: dict[str, str], config: str, *overrides: str) -> str:
     if match is None:
         raise RuntimeError(f"no experiment id in: {done.stdout[-1000:]}")
     return match.group(1)
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise TimeoutError(f"not within {timeout_s:.0f} s: {what}")
 
 
 @functools.lru_cache(maxsize=4)
@@ -130,15 +121,23 @@ def fair_share(env: dict[str, str]) -> None:
         env, "grid.yaml", "name=bench-q-grid", "hyperparameters.hidden.vals=[4,8,16]",
         f"hyperparameters.sleep_s={SLEEP_S}", "searcher.max_length.batches=400",
     )  # fmt: skip
-    wait_until(
-        lambda: [t for t in trials(env, "bench-q-grid") if first_batch_s(env, t)], 300, "grid"
+    until(
+        lambda: [t for t in trials(env, "bench-q-grid") if first_batch_s(env, t)],
+        300,
+        "grid",
+        every_s=POLL_S,
     )
     second = create(
         env, "killable.yaml", "name=bench-q-second", f"hyperparameters.sleep_s={SLEEP_S}",
         "searcher.max_length.batches=60",
     )  # fmt: skip
     # From when its flow asked the queue (its flow's start is not the queue's to shorten).
-    wait_until(lambda: any(j["name"] == "bench-q-second" for j in job_list(env)), 300, "asked")
+    until(
+        lambda: any(j["name"] == "bench-q-second" for j in job_list(env)),
+        300,
+        "asked",
+        every_s=POLL_S,
+    )
     asked = time.time()
     wait_finished(env, second)
     wait_finished(env, grid)
@@ -160,13 +159,14 @@ def priority(env: dict[str, str], tmp: Path) -> None:
         env, "grid.yaml", "name=bench-q-holders", "hyperparameters.hidden=8",
         f"hyperparameters.sleep_s={SLEEP_S}", "searcher.max_length.batches=1500",
     )  # fmt: skip
-    both = wait_until(
+    both = until(
         lambda: (
             [t for t in trials(env, "bench-q-holders") if first_batch_s(env, t)][1:]
             and trials(env, "bench-q-holders")
         ),
         300,
         "both holders training",
+        every_s=POLL_S,
     )
     latest = max(first_batch_s(env, t) or time.time() for t in both)
     time.sleep(max(0.0, latest + 35 - time.time()))  # both past the 30 s minimum
@@ -175,10 +175,18 @@ def priority(env: dict[str, str], tmp: Path) -> None:
         env, "killable.yaml", "name=bench-q-urgent", "resources.priority=1",
         "hyperparameters.sleep_s=0", "searcher.max_length.batches=30",
     )  # fmt: skip
-    wait_until(lambda: any(j["name"] == "bench-q-urgent" for j in job_list(env)), 300, "asked")
+    until(
+        lambda: any(j["name"] == "bench-q-urgent" for j in job_list(env)),
+        300,
+        "asked",
+        every_s=POLL_S,
+    )
     asked = time.time()
-    (trial,) = wait_until(
-        lambda: [t for t in trials(env, "bench-q-urgent") if first_batch_s(env, t)], 300, "urgent"
+    (trial,) = until(
+        lambda: [t for t in trials(env, "bench-q-urgent") if first_batch_s(env, t)],
+        300,
+        "urgent",
+        every_s=POLL_S,
     )
     began = first_batch_s(env, trial)
     wait_finished(env, urgent)
@@ -240,15 +248,16 @@ def weights(env: dict[str, str]) -> None:
     blocker = create(
         env, "grid.yaml", "name=bench-q-blocker", "hyperparameters.learning_rate=0.05", *common
     )
-    wait_until(
+    until(
         lambda: any(j["name"] == "bench-q-blocker" and j["held"] == 4 for j in job_list(env)),
         300,
         "blocker",
+        every_s=POLL_S,
     )
     light = create(env, "grid.yaml", "name=bench-q-w1", "resources.weight=1", *common)
     heavy = create(env, "grid.yaml", "name=bench-q-w3", "resources.weight=3", *common)
     names = {"bench-q-w1", "bench-q-w3"}
-    wait_until(lambda: names <= {j["name"] for j in job_list(env)}, 300, "both queued")
+    until(lambda: names <= {j["name"] for j in job_list(env)}, 300, "both queued", every_s=POLL_S)
     samples: Counter[tuple[int, int]] = Counter()
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:

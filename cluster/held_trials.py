@@ -191,6 +191,7 @@ class HeldTrialPlugin(WorkerPlugin):
         # Trials the cluster's job queue asked to give way: (experiment key, trial id).
         self.preempting: set[tuple[str, int]] = set()
         self.last_step_end = 0.0  # monotonic: when this worker's latest step ended
+        self.closing = False  # the worker is closing: a running step stops (teardown)
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to each worker by the client: everything but the (per-process) event."""
@@ -218,6 +219,10 @@ class HeldTrialPlugin(WorkerPlugin):
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
 
     def teardown(self, worker: Worker) -> None:
+        # The worker is closing (its scheduler gone, or told to): a step running here is
+        # given to another worker, so its training stops at the next batch boundary.
+        self.closing = True
+        self.preemption.set()
         self.release()
         for model in self.packages.values():
             shutil.rmtree(model.parent, ignore_errors=True)
@@ -270,7 +275,8 @@ class HeldTrialPlugin(WorkerPlugin):
     def release(self, error: BaseException | None = None) -> None:
         """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
         held, self.held = self.held, None
-        self.preemption.clear()
+        if not self.closing:
+            self.preemption.clear()
         if held is None:
             return
         try:

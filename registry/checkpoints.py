@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import shutil
 import threading
@@ -28,6 +29,7 @@ from det_tasks.errors import CheckpointError
 from registry import run_records
 from registry.cache import fetch_checkpoint
 from registry.large_tags import load_large_tags, save_large_tag
+from registry.run_lease import RunLease
 from registry.run_records import rank_by_metric, validation_value
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
 
@@ -43,6 +45,7 @@ __all__ = [
     "validation_value",
 ]
 
+log = logging.getLogger(__name__)
 CHECKPOINT_TAG = run_records.CHECKPOINT_TAG  # one spelling, which det reads without MLflow
 
 
@@ -130,8 +133,10 @@ class S3CheckpointStore:
         *,
         artifacts_destination: str | None,
         cache_dir: Path,
+        lease: RunLease | None = None,
     ) -> None:
         self.client = client
+        self.lease = lease  # registry.run_lease: a fenced process records no checkpoint
         self.s3 = s3
         self.run_id = run_id
         self.artifacts_destination = artifacts_destination
@@ -178,12 +183,29 @@ class S3CheckpointStore:
                 "validation_metrics": metadata.get("validation_metrics"),
                 "bytes": sum(f["size"] for f in (metadata.get("files") or {}).values()),
             }
+            if self.lease is not None and not self.lease.held():  # checked last, as it writes
+                self._drop_fenced(staged, location, uuid)
+                return
             record_checkpoint(self.client, self.run_id, record)
+            if self.lease is not None:
+                self.lease.recorded(int(record["steps_completed"] or 0))
         except Exception:
             with contextlib.suppress(Exception):  # the upload's own error is the one to raise
                 delete_prefix(self.s3, location)
             shutil.rmtree(staged, ignore_errors=True)
             raise
+
+    def _drop_fenced(self, staged: Path, location: Location, uuid: str) -> None:
+        """Another process holds the run now and checkpoints it itself: this copy is
+        removed, not recorded (recorded, the same batch would have two checkpoints)."""
+        log.warning(
+            "checkpoint %s of run %s not recorded: the run is now %s's; its files are removed",
+            uuid,
+            self.run_id,
+            self.lease.lost_to if self.lease else None,
+        )
+        delete_prefix(self.s3, location)
+        shutil.rmtree(staged, ignore_errors=True)
 
     def completed_uploads(self, wait: bool = False) -> list[str]:
         """Uploads finished since the last call (raising the first failure)."""

@@ -34,6 +34,7 @@ from mlflow.utils.validation import _validate_metric_name
 
 from registry.report_backlog import Report, ReportBacklog, numeric_metrics
 from registry.rest_session import AUTH_STATUS, RETRYABLE_STATUS, RestSession
+from registry.run_lease import RunLease
 
 __all__ = ["MlflowMetricsSink"]
 
@@ -81,8 +82,12 @@ class MlflowMetricsSink:
         flush_interval_s: float = 2.0,
         close_timeout_s: float = 120.0,
         writer: tuple[int, int] = (0, 1),
+        lease: RunLease | None = None,
     ) -> None:
         self.client = client
+        # Fencing (registry.run_lease): once another process holds the run, only points up
+        # to the newest checkpoint this one recorded are still sent.
+        self._lease = lease
         # (rank, ranks) of processes logging to this run: MLflow keeps one row per (key,
         # step, value, timestamp), so two ranks' equal reports in the same millisecond
         # would collapse into one; each rank's timestamps get their own residue mod ranks.
@@ -309,6 +314,8 @@ class MlflowMetricsSink:
             if batch.uncertain:
                 batch.metrics = self._not_yet_stored(batch.metrics)
             batch.metrics = self._after_stored(batch.metrics)
+            if batch.metrics and self._lease is not None:
+                batch.metrics = self._unfenced(batch.metrics)
             if batch.metrics and self._log_batch(batch.metrics):
                 self.sent_points += len(batch.metrics)
                 self._note_stored(batch.metrics)
@@ -323,6 +330,16 @@ class MlflowMetricsSink:
             return False
         self._current = None
         return True
+
+    def _unfenced(self, metrics: list[Point]) -> list[Point]:
+        """``metrics`` while this process holds the run (asked right before the write).
+        Once another holds it, only the points up to the newest checkpoint this process
+        recorded: the new holder resumed from there at the latest and reports everything
+        after it itself (its own records are newer than anything of this one's)."""
+        assert self._lease is not None
+        if self._lease.held():
+            return metrics
+        return [p for p in metrics if p[3] <= self._lease.recorded_through]
 
     def _note_stored(self, metrics: list[Point]) -> None:
         stored_max = self._stored_max

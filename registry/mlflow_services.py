@@ -12,7 +12,7 @@ import tempfile
 import uuid as uuid_lib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from det_tasks.errors import StepFailed, TrialStopped
 from det_tasks.run_services import RunServices
@@ -22,6 +22,7 @@ from registry.experiment_gc import collect_experiment_garbage, collect_trial_gar
 from registry.metrics import MlflowMetricsSink
 from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
+from registry.run_lease import RunLease
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
 from registry.system_metrics import start_system_metrics
@@ -101,9 +102,7 @@ def trial_services(
     # Built at its first use: a run whose artifacts are local files (no servers) never
     # needs it, and boto3's set-up was 80 ms of each trial's start on a warm worker.
     s3 = s3_lib.LazyClient(settings.s3_endpoint)
-    sink = MlflowMetricsSink(client, run_id, spill_dir=settings.cache_dir / "spill" / run_id)
-    store = _checkpoint_store(client, s3, run_id, settings)
-    tensorboard_dir = Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb")))
+    parts = _run_parts(client, s3, run_id, settings)
     link = mlflow_link(settings.tracking_uri, runs.experiment_id, run_id)
     if owns_experiment_run:
         print(f"MLflow run: {link}", file=sys.stderr)
@@ -112,9 +111,9 @@ def trial_services(
     state: str | None = ERROR
     try:
         yield RunServices(
-            metrics_sink=sink,
-            checkpoint_store=store,
-            tensorboard_dir=str(tensorboard_dir),
+            metrics_sink=parts.sink,
+            checkpoint_store=parts.store,
+            tensorboard_dir=str(parts.tensorboard_dir),
             run_url=link,
         )
         status, state = "FINISHED", None  # COMPLETED
@@ -129,22 +128,66 @@ def trial_services(
     finally:
         if monitor is not None:
             monitor.finish()
-        store.close()
-        sink.close()
-        _upload_tensorboard(client, run_id, tensorboard_dir)
-        _end_runs(runs, run_id, s3, (status, state, error), owns_experiment_run)
+        _end_trial(runs, run_id, s3, parts, (status, state, error), owns_experiment_run)
 
 
-def _checkpoint_store(
-    client: Any, s3: Any, run_id: str, settings: RegistrySettings
-) -> S3CheckpointStore:
-    return S3CheckpointStore(
+class _RunParts(NamedTuple):
+    """What a trial run writes through, all fenced by one lease (registry.run_lease)."""
+
+    lease: RunLease
+    sink: MlflowMetricsSink
+    store: S3CheckpointStore
+    tensorboard_dir: Path
+
+
+def _run_parts(client: Any, s3: Any, run_id: str, settings: RegistrySettings) -> _RunParts:
+    """Claim the run (this process writes it now; earlier ones stop), and open its metrics
+    sink, checkpoint store and TensorBoard folder."""
+    lease = RunLease(client, run_id)
+    lease.take()
+    spill = settings.cache_dir / "spill" / run_id
+    store = S3CheckpointStore(
         client,
         s3,
         run_id,
         artifacts_destination=settings.artifacts_destination,
         cache_dir=settings.cache_dir,
+        lease=lease,
     )
+    return _RunParts(
+        lease,
+        MlflowMetricsSink(client, run_id, spill_dir=spill, lease=lease),
+        store,
+        Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb"))),
+    )
+
+
+def _end_trial(
+    runs: ExperimentRuns,
+    run_id: str,
+    s3: Any,
+    parts: _RunParts,
+    ending: tuple[str, str | None, BaseException | None],
+    owns_experiment_run: bool,
+) -> None:
+    """Send what is left and end the run, unless another process holds it now (its new
+    holder ends it)."""
+    parts.store.close()
+    parts.sink.close()
+    if _fenced(parts.lease):
+        shutil.rmtree(parts.tensorboard_dir, ignore_errors=True)
+        return
+    _upload_tensorboard(runs.client, run_id, parts.tensorboard_dir)
+    _end_runs(runs, run_id, s3, ending, owns_experiment_run)
+
+
+def _fenced(lease: RunLease) -> bool:
+    """Whether another process holds the run now. Unknown (MLflow unreachable) counts as
+    held: ending the run then fails as it did before, and says so."""
+    try:
+        return not lease.held()
+    except Exception:
+        return False
 
 
 def _upload_tensorboard(client: Any, run_id: str, tensorboard_dir: Path) -> None:

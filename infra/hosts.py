@@ -118,6 +118,14 @@ class Hosts:
         """Take ``host``'s link down (``connected`` True: bring it back up)."""
         netns.set_link(self.config.network, host, connected)
 
+    def heal(self) -> list[int]:
+        """Every link up and every host's worker running again (after ``lose`` or ``cut``);
+        returns the hosts whose worker it started."""
+        for host in self.workers:
+            self.cut(host, connected=True)
+        started = start_all(_workers(self.config, threads_per_process(len(self.workers))))
+        return [host for host, now in zip(self.workers, started, strict=True) if now]
+
 
 def worker_host_service(config: HostsConfig, host: int, threads: int = 1) -> Service:
     """Host ``host``'s Dask worker, as scale-out.md starts one, run inside the host: its

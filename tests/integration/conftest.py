@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +66,23 @@ def mlflow_server(stack: StackConfig):
 @pytest.fixture
 def model_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "fixtures" / "determined_model"
+
+
+@pytest.fixture(scope="session")
+def hosts_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Real hosts on this machine (infra/hosts.py), built once for the multi-host tests:
+    the stack on host 0's bridge address, a worker on each of hosts 1 and 2."""
+    pytest.importorskip("mlflow", reason="the platform extra is not installed")
+    from infra import hosts as hosts_lib
+    from tests.integration.hosts_helpers import hosts_config, prefix
+
+    with hosts_lib.running(hosts_config(tmp_path_factory.mktemp("hosts"), prefix("c"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(hosts_cluster: Any) -> Any:
+    """The hosts cluster with every link up and every worker running: a test that lost or
+    cut a host leaves the next one the whole cluster."""
+    hosts_cluster.heal()
+    return hosts_cluster

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from pathlib import Path
 
 from cluster.pools import DEFAULT_POOL, POOL_ENV, pool_resource_arg
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
-from infra.services import Service
+from infra.services import Service, port_open
 
 # Dask's setting ``distributed.worker.daemon`` as an environment variable (see worker_service).
 WORKER_DAEMON_ENV = "DASK_DISTRIBUTED__WORKER__DAEMON"
@@ -36,12 +35,6 @@ def scheduler_address(port: int, host: str = "127.0.0.1") -> str:
     return f"tcp://{host}:{port}"
 
 
-def _port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
 def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service:
     """``dask scheduler`` on ``host`` (loopback unless workers on other hosts need another
     address). A lost worker fails its task at once (allowed-failures 0): the experiment's
@@ -53,7 +46,7 @@ def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service
     return Service(
         "dask-scheduler",
         argv,
-        lambda: _port_open(port, host),
+        lambda: port_open(port, host),
         root,
         # Steps are placed where their trial is held: no work stealing.
         env={

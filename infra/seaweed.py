@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from infra.services import Service, ServiceError, http_ok, kept_secrets
+from infra.services import Service, ServiceError, http_ok, kept_secrets, port_open
 from infra.stack_config import BUCKET, StackConfig
 
 __all__ = ["ensure_bucket", "s3_credentials", "seaweed_service"]
@@ -79,12 +79,23 @@ def seaweed_service(config: StackConfig) -> Service:
         lambda: http_ok(config.s3_endpoint, expect_status=None) and _s3_ready(config),
         config.root,
         start_timeout_s=90,
-        # TERM stops the volume server at once, but the filer's graceful gRPC stop then
-        # waits 15 s for a stream the S3 gateway in the same process keeps open. KILL after
-        # 5 s loses nothing acknowledged: written bytes are in the kernel by then (the fault
-        # matrix SIGKILLs this server mid-experiment and checks every byte).
+        # On TERM the filer stops listening at once, then waits a fixed 15 s for metadata
+        # streams that never end (its own aggregator's and the S3 gateway's subscriptions)
+        # before the volume server's stop even begins: a wait that writes nothing. So the
+        # stop KILLs it once the filer is closed (the stack stops every S3 client first, so
+        # no request is in flight), and after 5 s at the latest. KILL loses nothing
+        # acknowledged: written bytes are in the kernel by then (the fault matrix SIGKILLs
+        # this server mid-experiment and checks every byte).
         stop_timeout_s=5,
+        stop_done=lambda: not _filer_listening(config),
     )
+
+
+def _filer_listening(config: StackConfig) -> bool:
+    """Whether the filer still accepts connections (HTTP or gRPC): it closes both first
+    when it is told to stop."""
+    ports = (config.filer_port, config.filer_port + config.seaweed_grpc_shift)
+    return any(port_open(port, config.host) for port in ports)
 
 
 def _s3_ready(config: StackConfig) -> bool:

@@ -367,20 +367,26 @@ def up(
     start_all(independent)
     ensure_bucket(config)
     if prefect:
-        _ensure_work_pool(config)
         _start_worker_and_register(config, register and not deployments_current(config))
     (config.root / "env").write_text(env_file_text(config))
     return env_for(config)
 
 
 def _start_worker_and_register(config: StackConfig, register: bool) -> None:
-    """The Prefect worker's start and ``prefect deploy`` side by side: both mostly wait
-    on imports, and each needs only the server and the work pool."""
+    """The Prefect worker's start beside the work pool's creation and ``prefect deploy``
+    (which needs the pool): each mostly waits on imports. The worker needs only the
+    server: it creates the pool itself when it comes first, and either way round the
+    other finds it there."""
+
+    def pool_then_deployments() -> None:
+        _ensure_work_pool(config)
+        if register:
+            _register_deployments(config)
+
     with ThreadPoolExecutor(max_workers=1) as background:
-        registering = background.submit(_register_deployments, config) if register else None
+        preparing = background.submit(pool_then_deployments)
         start(prefect_worker_service(config))
-        if registering is not None:
-            registering.result()
+        preparing.result()
 
 
 def env_file_text(config: StackConfig) -> str:
@@ -403,17 +409,19 @@ def _dask_services(config: StackConfig) -> list[Service]:
 
 
 def down(config: StackConfig | None = None) -> None:
-    """Stop the stack: the Prefect worker and the Dask workers first, side by side (no flow
-    run starts on a vanishing stack, and a worker's held trial ends, its last metrics and
-    run state stored, while MLflow and S3 are still up: stopped beside them, a worker waited
-    on them until it was KILLed), then the servers side by side."""
+    """Stop the stack, each service once those that write through it are gone: the Prefect
+    worker and the Dask workers first, side by side (no flow run starts on a vanishing
+    stack, and a worker's held trial ends, its last metrics and run state stored, while
+    MLflow and S3 are still up: stopped beside them, a worker waited on them until it was
+    KILLed); then the Prefect server, the Dask scheduler and MLflow side by side; then S3,
+    after MLflow (it proxies artifact uploads to S3, so none is cut off midway); then
+    PostgreSQL, after MLflow and Prefect have closed their connections."""
     config = config or StackConfig.from_env()
     scheduler, *workers = _dask_services(config)
     stop_all([prefect_worker_service(config), *workers])
-    stop_all(
-        [prefect_server_service(config), scheduler, mlflow_service(config), seaweed_service(config)]
-    )
-    if config.postgres_port:  # after MLflow and Prefect have closed their connections
+    stop_all([prefect_server_service(config), scheduler, mlflow_service(config)])
+    stop(seaweed_service(config))
+    if config.postgres_port:
         stop(postgres.postgres_service(config.root, config.postgres_port))
 
 

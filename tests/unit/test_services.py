@@ -5,6 +5,8 @@ not inherit the variables it unsets."""
 from __future__ import annotations
 
 import os
+import pwd
+import signal
 import subprocess
 import sys
 import time
@@ -92,3 +94,110 @@ def test_a_service_does_not_inherit_what_it_unsets(
         assert out.read_text().strip() == "unset"
     finally:
         stop(service)
+
+
+def test_a_stop_kills_at_once_when_the_service_says_its_graceful_part_is_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SeaweedFS lingers 15 s on TERM waiting for streams that never end, after it stopped
+    serving: its ``stop_done`` ends that wait, and no warning says it was forced."""
+    marker = tmp_path / "closed"
+    lingering = Service(
+        "lingering",
+        ["bash", "-c", f"trap 'touch {marker}' TERM; while :; do sleep 0.1; done"],
+        lambda: True,
+        tmp_path,
+        stop_timeout_s=30,
+        stop_done=marker.exists,
+    )
+    start_all([lingering])
+    time.sleep(0.5)  # the trap is set
+    pid = int(lingering.pidfile.read_text())
+    started = time.monotonic()
+    assert stop(lingering) is True
+    assert time.monotonic() - started < 5  # not the 30 s grace
+    assert marker.exists() and not _alive(pid)
+    assert not [r for r in caplog.records if "did not stop" in r.getMessage()]
+
+
+def test_a_service_is_asked_to_stop_with_its_own_signal(tmp_path: Path) -> None:
+    """PostgreSQL's clean stop that does not wait on its clients is SIGINT, not SIGTERM."""
+    out = tmp_path / "signal.out"
+    service = Service(
+        "int-stop",
+        ["bash", "-c", f"trap 'echo INT > {out}; exit 0' INT; trap 'echo TERM > {out}; exit 0'"
+         f" TERM; while :; do sleep 0.1; done"],
+        lambda: True,
+        tmp_path,
+        stop_signal=signal.SIGINT,
+    )  # fmt: skip
+    start_all([service])
+    time.sleep(0.5)
+    assert stop(service) is True
+    assert out.read_text().strip() == "INT"
+
+
+def test_a_stop_does_not_wait_for_an_exited_process_to_be_reaped(tmp_path: Path) -> None:
+    """A zombie has exited: it waits only for its parent to reap it (init, for an orphan,
+    took up to 1.3 s here). The group is stopped once no member has yet to exit."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, time\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    os._exit(0)\n"
+         "print(pid, flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        zombie = int(parent.stdout.readline())
+        service = _service(tmp_path, "exited", "sleep 60", stop_timeout_s=30)
+        service.pidfile.parent.mkdir(parents=True)
+        service.pidfile.write_text(str(zombie))
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{zombie}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert stop(service) is True  # its own group's leader, unreaped: "running"
+        assert time.monotonic() - started < 5  # not the 30 s grace
+        assert _alive(zombie)  # still unreaped: its parent has not waited for it
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_a_service_runs_as_its_user_without_a_wrapper(tmp_path: Path) -> None:
+    """The process itself runs as ``user`` with that user's group only (PostgreSQL under
+    root): no `runuser` in between to delay its stop and KILL it 2 s into its checkpoint."""
+    nobody = pwd.getpwnam("nobody")
+    service = Service(
+        "as-nobody",
+        ["bash", "-c", "echo ids $(id -u) $(id -G); exec sleep 30"],
+        lambda: "ids" in service.logfile.read_text(),
+        tmp_path,
+        user="nobody",
+    )
+    try:
+        start_all([service])
+        pid = int(service.pidfile.read_text())
+        assert service.logfile.read_text().split() == [
+            "ids",
+            str(nobody.pw_uid),
+            str(nobody.pw_gid),
+        ]
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"  # no wrapper
+    finally:
+        stop(service)
+
+
+def test_a_service_healthy_long_before_its_turn_is_not_stopped_as_late(tmp_path: Path) -> None:
+    """start_all awaits services in turn: one whose start deadline passed while an earlier
+    one was awaited (a loaded host) is still looked at, not stopped unseen."""
+    ready_at = time.monotonic() + 1.5
+    slow = Service("slow", ["sleep", "30"], lambda: time.monotonic() >= ready_at, tmp_path)
+    quick = Service("quick", ["sleep", "30"], lambda: True, tmp_path, start_timeout_s=0.5)
+    try:
+        assert start_all([slow, quick]) == [True, True]
+        assert is_running(quick)
+    finally:
+        stop_all([slow, quick])

@@ -174,6 +174,7 @@ def postgres_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         tmp_path_factory.mktemp("pg-stack"),
         PG_STACK_OFFSET,
         postgres_port=25432 + int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0")),
+        dask_workers=0,  # its trials run on an embedded cluster of their own (below)
     )
     try:
         yield up(config)

@@ -26,7 +26,13 @@ from tests.integration.helpers import (
 @pytest.fixture(scope="module")
 def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs flask-wtf")
-    config = isolated_stack_config(tmp_path_factory.mktemp("auth-stack"), 100, auth=True)
+    config = isolated_stack_config(
+        # No Dask workers: these tests use `det-tasks run` and HTTP only.
+        tmp_path_factory.mktemp("auth-stack"),
+        100,
+        auth=True,
+        dask_workers=0,
+    )
     try:
         up(config)
         yield config

@@ -86,3 +86,12 @@ def cluster(hosts_cluster: Any) -> Any:
     cut a host leaves the next one the whole cluster."""
     hosts_cluster.heal()
     return hosts_cluster
+
+
+@pytest.fixture(scope="session")
+def hosts_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The killable XOR trial run undisturbed, once for every multi-host fault test to end
+    bit-equal to (tests/integration/hosts_helpers.undisturbed_reference)."""
+    from tests.integration.hosts_helpers import undisturbed_reference
+
+    return undisturbed_reference(tmp_path_factory.mktemp("hosts-reference"))

@@ -39,7 +39,6 @@ from tests.integration.hosts_helpers import (
     killed_on_error,
     prefix,
     start_flow,
-    undisturbed_reference,
     wait_for_checkpoints,
 )
 
@@ -66,19 +65,18 @@ def _lose_the_host_holding_the_trial(
 
 @pytest.mark.slow
 def test_a_host_lost_mid_trial_continues_on_another_host_bit_equal(
-    cluster: hosts_lib.Hosts, tmp_path: Path
+    cluster: hosts_lib.Hosts, hosts_reference: dict[str, Any], tmp_path: Path
 ) -> None:
     from registry.tracking import client_for
 
     name = "hosts-lost"
-    want = undisturbed_reference(tmp_path / "ref")
     flow = start_flow(cluster, tmp_path / "client", name, "hyperparameters.sleep_s=0.1")
     with killed_on_error(flow):
         victim, to_elsewhere_s = _lose_the_host_holding_the_trial(cluster, flow, name)
     summary, err = finished_flow(flow)
     (survivor,) = set(cluster.workers) - {victim}
     print(f"host {victim} lost; its trial ran on host {survivor} {to_elsewhere_s:.1f} s later")
-    trial = assert_bit_equal_and_recorded_once(cluster, name, summary, want)
+    trial = assert_bit_equal_and_recorded_once(cluster, name, summary, hosts_reference)
 
     # The flow's step logs name the worker that ran each step: all on the survivor's
     # address, the first restored from a checkpoint (the victim's steps never ended).

@@ -29,6 +29,7 @@ from det_tasks.errors import CheckpointError
 from registry import run_records
 from registry.cache import fetch_checkpoint
 from registry.large_tags import load_large_tags, save_large_tag
+from registry.metrics import MlflowMetricsSink
 from registry.run_lease import RunLease
 from registry.run_records import rank_by_metric, validation_value
 from registry.s3 import Location, artifact_location, delete_prefix, upload_dir
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# How long a checkpoint's record waits for the metrics reported before it (the sink's own
+# close timeout): past it, MLflow is down, and the record is tried (and retried) anyway.
+METRICS_BEFORE_RECORD_S = 120.0
 CHECKPOINT_TAG = run_records.CHECKPOINT_TAG  # one spelling, which det reads without MLflow
 
 
@@ -134,9 +138,11 @@ class S3CheckpointStore:
         artifacts_destination: str | None,
         cache_dir: Path,
         lease: RunLease | None = None,
+        metrics: MlflowMetricsSink | None = None,
     ) -> None:
         self.client = client
         self.lease = lease  # registry.run_lease: a fenced process records no checkpoint
+        self.metrics = metrics  # the run's sink: what was reported before it goes first
         self.s3 = s3
         self.run_id = run_id
         self.artifacts_destination = artifacts_destination
@@ -164,12 +170,20 @@ class S3CheckpointStore:
         """Returns at once: checksums and upload run on the upload thread."""
         uuid = staged.name
         location = self.location(uuid)
+        reported = self.metrics.mark() if self.metrics is not None else None
         with self._lock:
-            self._uploads[uuid] = self._pool.submit(self._upload, staged, metadata, location, uuid)
+            self._uploads[uuid] = self._pool.submit(
+                self._upload, staged, metadata, location, uuid, reported
+            )
         return uuid
 
     def _upload(
-        self, staged: Path, metadata: dict[str, Any], location: Location, uuid: str
+        self,
+        staged: Path,
+        metadata: dict[str, Any],
+        location: Location,
+        uuid: str,
+        reported: int | None = None,
     ) -> None:
         try:
             seal(staged, metadata)
@@ -183,6 +197,10 @@ class S3CheckpointStore:
                 "validation_metrics": metadata.get("validation_metrics"),
                 "bytes": sum(f["size"] for f in (metadata.get("files") or {}).values()),
             }
+            if self.metrics is not None and reported is not None:
+                # Its metrics first: lost with this host after the record, they would be
+                # lost for good (whoever resumes from it never reports them again).
+                self.metrics.wait_sent(reported, METRICS_BEFORE_RECORD_S)
             if self.lease is not None and not self.lease.held():  # checked last, as it writes
                 self._drop_fenced(staged, location, uuid)
                 return

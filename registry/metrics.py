@@ -64,9 +64,10 @@ def _json_float(value: float) -> str:
 
 
 class _Batch:
-    def __init__(self, metrics: list[Point]) -> None:
+    def __init__(self, metrics: list[Point], reports_through: int) -> None:
         self.metrics = metrics
         self.uncertain = False  # a request for it failed: the server may hold some points
+        self.reports_through = reports_through  # once sent, every report up to this is
 
 
 class MlflowMetricsSink:
@@ -124,6 +125,9 @@ class MlflowMetricsSink:
         self.sent_points = 0
         self.failures = 0
         self.rejected_points = 0  # the server refused them (4xx): logged, not retried
+        # Reports counted as they are enqueued, taken into batches, and done (stored, or
+        # settled otherwise: refused, fenced): what ``mark`` and ``wait_sent`` compare.
+        self._enqueued = self._popped = self._sent_through = 0
         self._thread = threading.Thread(target=self._run, name="mlflow-metrics", daemon=True)
         self._thread.start()
 
@@ -156,6 +160,7 @@ class MlflowMetricsSink:
             now += self._rank - now % self._ranks
             # A copy: the caller may reuse its dict, and this one waits until it is sent.
             self._inbox.append((group, step, now, dict(metrics)))
+            self._enqueued += 1
 
     def _points(self, report: Report) -> list[Point]:
         """The report's numeric values as points (bools and anything else are left out, as
@@ -304,8 +309,11 @@ class MlflowMetricsSink:
         points, self._carry = self._carry, []
         while len(points) < MAX_BATCH and (report := self._backlog.popleft()) is not None:
             points.extend(self._points(report))
+            self._popped += 1
         self._carry = points[MAX_BATCH:]
-        self._current = _Batch(points[:MAX_BATCH])
+        # A report whose points run past this batch is done only with the next one.
+        through = self._popped - 1 if self._carry else self._popped
+        self._current = _Batch(points[:MAX_BATCH], through)
         return self._current
 
     def _send_one(self) -> bool:
@@ -328,6 +336,7 @@ class MlflowMetricsSink:
                 len(batch.metrics) + len(self._carry) + self._backlog.held_points,
             )
             return False
+        self._sent_through = batch.reports_through
         self._current = None
         return True
 
@@ -409,6 +418,29 @@ class MlflowMetricsSink:
                 # trial's end); a report enqueued meanwhile clears it again.
                 if self._idle.wait(min(remaining, 1.0)) and not self._drained():
                     time.sleep(0.001)
+        finally:
+            self._flushing.clear()
+
+    def mark(self) -> int:
+        """A mark for everything reported so far (``wait_sent`` waits for it)."""
+        return self._enqueued
+
+    def wait_sent(self, mark: int, timeout_s: float) -> bool:
+        """Wait until every report up to ``mark`` is settled (stored, or refused or fenced),
+        sending now instead of at the next interval; False after ``timeout_s``. A checkpoint
+        is recorded only after its metrics: a worker lost after the record would otherwise
+        take the unsent ones with it, and whoever resumes from that checkpoint never
+        reports them again."""
+        deadline = time.monotonic() + timeout_s
+        self._flushing.set()
+        self._wake.set()
+        try:
+            while self._sent_through < mark:
+                if not self._thread.is_alive() or time.monotonic() >= deadline:
+                    return False
+                self._wake.set()
+                time.sleep(0.01)
+            return True
         finally:
             self._flushing.clear()
 

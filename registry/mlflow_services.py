@@ -145,7 +145,9 @@ def _run_parts(client: Any, s3: Any, run_id: str, settings: RegistrySettings) ->
     sink, checkpoint store and TensorBoard folder."""
     lease = RunLease(client, run_id)
     lease.take()
-    spill = settings.cache_dir / "spill" / run_id
+    sink = MlflowMetricsSink(
+        client, run_id, spill_dir=settings.cache_dir / "spill" / run_id, lease=lease
+    )
     store = S3CheckpointStore(
         client,
         s3,
@@ -153,10 +155,11 @@ def _run_parts(client: Any, s3: Any, run_id: str, settings: RegistrySettings) ->
         artifacts_destination=settings.artifacts_destination,
         cache_dir=settings.cache_dir,
         lease=lease,
+        metrics=sink,
     )
     return _RunParts(
         lease,
-        MlflowMetricsSink(client, run_id, spill_dir=spill, lease=lease),
+        sink,
         store,
         Path(tempfile.mkdtemp(prefix="tb-", dir=_mkdir(settings.cache_dir / "tb"))),
     )

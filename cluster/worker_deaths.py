@@ -19,15 +19,14 @@ import logging
 import os
 import re
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from distributed import Client, Nanny
-from distributed.comm.addressing import get_address_host_port
 from distributed.diagnostics.plugin import NannyPlugin
 
+from cluster.environment import accepts
 from cluster.held_trials import StepRequest
 from det_tasks.errors import StepFailed
 
@@ -153,7 +152,8 @@ def explain_death(client: Client, err: BaseException, request: StepRequest) -> S
     nanny = getattr(last, "nanny", None)
     # A host that is gone has no Nanny left to report: not waited for (10 s of a lost
     # host's 11 s before its trial ran elsewhere, bench/hosts.py measured).
-    report = _report_of(client, name, time.time() - REPORT_WAIT_S) if _answers(nanny) else {}
+    waited = nanny is None or accepts(nanny)
+    report = _report_of(client, name, time.time() - REPORT_WAIT_S) if waited else {}
     deaths, log = report.get("deaths", []), report.get("log", [])
     tail = ("; its last log lines:\n" + "\n".join(log)) if log else ""
     where = f" while training from batch {request.start}" if request.kind == "train" else ""
@@ -165,19 +165,6 @@ def explain_death(client: Client, err: BaseException, request: StepRequest) -> S
         request.start,
         f"its Dask worker {worker} died{where}: {cause}{tail}",
     )
-
-
-def _answers(address: str | None, timeout_s: float = 1.0) -> bool:
-    """Whether anything listens at a Nanny's address (unknown: assumed so). A Nanny that
-    restarts its dead worker keeps listening; on a lost host the connection is refused, or
-    (cut off) never answers."""
-    if not address:
-        return True
-    try:
-        with socket.create_connection(get_address_host_port(address), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def _report_of(client: Client, name: str, since: float) -> dict[str, Any]:

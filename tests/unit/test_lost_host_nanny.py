@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import socket
 
-from cluster.worker_deaths import _answers
+from cluster.environment import accepts
 
 
 def test_a_listening_nanny_answers_and_a_gone_one_does_not() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        assert _answers(f"tcp://127.0.0.1:{port}")
-    assert not _answers(f"tcp://127.0.0.1:{port}")  # closed: refused at once
-    assert _answers(None)  # unknown: waited for, as before
+        assert accepts(f"tcp://127.0.0.1:{port}")
+    assert not accepts(f"tcp://127.0.0.1:{port}")  # closed: refused at once

@@ -29,7 +29,6 @@ __all__ = [
     "http_ok",
     "is_running",
     "kept_secrets",
-    "group_alive",
     "port_open",
     "start",
     "start_all",
@@ -226,7 +225,7 @@ def stop_all(services: Sequence[Service]) -> list[bool]:
 
 def _stopped_or_killed(service: Service, leader: int, deadline: float) -> bool:
     """One look at a signalled group: True once it is gone (KILLed if it is due)."""
-    if group_alive(leader):
+    if _group_alive(leader):
         if service.stop_done is not None and service.stop_done():
             _logger.info("%s finished its graceful stop; killing what lingers", service.name)
         elif time.monotonic() >= deadline:
@@ -271,7 +270,7 @@ def _as_user(user: str | None) -> dict[str, Any]:
 def _kill_group(leader: int) -> None:
     _signal_group(leader, signal.SIGKILL)
     for _ in range(50):
-        if not group_alive(leader):
+        if not _group_alive(leader):
             return
         time.sleep(0.1)
 
@@ -283,7 +282,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def group_alive(leader: int) -> bool:
+def _group_alive(leader: int) -> bool:
     """Whether a process of the group ``leader`` leads is still running (zombies, which
     have exited and wait only to be reaped, are not)."""
     _reap(leader)  # a leader we started is a zombie until reaped, and still "in" the group

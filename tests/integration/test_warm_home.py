@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra.services import group_alive
-from tests.integration.helpers import FLOW_MODEL, ctrl_c_midway, home_env
+from tests.integration.helpers import FLOW_MODEL, ctrl_c_midway, group_alive, home_env
 
 GRID = FLOW_MODEL / "grid.yaml"
 KILLABLE = FLOW_MODEL / "killable.yaml"  # 120 batches

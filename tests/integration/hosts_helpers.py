@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from infra import hosts as hosts_lib
 from infra import netns
 from tests.integration.helpers import (
@@ -25,6 +27,11 @@ from tests.integration.helpers import (
     home_env,
     isolated_stack_config,
     run_xor_trial,
+)
+
+# Every multi-host test needs root and `ip` (CI runs as root): skipped elsewhere, saying so.
+needs_hosts = pytest.mark.skipif(
+    netns.missing_requirements() is not None, reason=str(netns.missing_requirements())
 )
 
 _OFFSET = int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0"))

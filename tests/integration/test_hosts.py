@@ -37,14 +37,13 @@ from tests.integration.hosts_helpers import (
     finished_flow,
     hosts_config,
     killed_on_error,
+    needs_hosts,
     prefix,
     start_flow,
     wait_for_checkpoints,
 )
 
-pytestmark = pytest.mark.skipif(
-    netns.missing_requirements() is not None, reason=str(netns.missing_requirements())
-)
+pytestmark = needs_hosts
 
 
 def _lose_the_host_holding_the_trial(

@@ -24,13 +24,12 @@ from tests.integration.hosts_helpers import (
     busy_hosts,
     finished_flow,
     killed_on_error,
+    needs_hosts,
     start_flow,
     wait_for_checkpoints,
 )
 
-pytestmark = pytest.mark.skipif(
-    netns.missing_requirements() is not None, reason=str(netns.missing_requirements())
-)
+pytestmark = needs_hosts
 
 CUT_S = 60  # what the issue asks: a minute, past Dask's 30 s TCP timeout
 

@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,23 +27,21 @@ import pytest
 
 from det_cli.ids import experiment_run
 from infra import hosts as hosts_lib
-from infra import netns
 from infra.services import Service, start
 from infra.stack import deploy, deployments_current, mlflow_service
-from tests.integration.helpers import FLOW_MODEL, environment
+from tests.integration.helpers import FLOW_MODEL, environment, wait_for
 from tests.integration.hosts_helpers import (
     assert_bit_equal_and_recorded_once,
     busy_hosts,
     finished_flow,
     killed_on_error,
+    needs_hosts,
     start_flow,
     trial_run,
     wait_for_checkpoints,
 )
 
-pytestmark = pytest.mark.skipif(
-    netns.missing_requirements() is not None, reason=str(netns.missing_requirements())
-)
+pytestmark = needs_hosts
 
 MLFLOW_DOWN_S = 10  # plus the restart's own start-up: the server is away for longer
 
@@ -132,14 +130,6 @@ def _det(*args: str) -> str:
     return out.getvalue()
 
 
-def _until(what: str, predicate: Callable[[], Any], timeout_s: float = 120) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.3)
-    return value
-
-
 def _flow_logs(flow_run_id: Any) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -218,10 +208,10 @@ def _pause_lose_activate(cluster: hosts_lib.Hosts, mlflow: Any, name: str, exp_i
         assert run.state in ("SCHEDULED", "PENDING", "RUNNING"), _flow_logs(run.id)[-20:]
         return None
 
-    run_id = _until("a first checkpoint", checkpointed, 300).info.run_id
+    run_id = wait_for(checkpointed, 300, "a first checkpoint").info.run_id
     (holder,) = busy_hosts(cluster)
     _det("experiment", "pause", exp_id)  # as users pause
-    _until("the flow run suspended", lambda: experiment_run(exp_id).state == "PAUSED")
+    wait_for(lambda: experiment_run(exp_id).state == "PAUSED", 120, "the flow run suspended")
     paused = mlflow.get_run(run_id)
     assert paused.info.status == "KILLED" and paused.data.tags["det.state"] == "PAUSED"
     pause_checkpoint = checkpoint_records(mlflow, run_id)[-1]
@@ -235,7 +225,7 @@ def _pause_lose_activate(cluster: hosts_lib.Hosts, mlflow: Any, name: str, exp_i
     _det("experiment", "activate", exp_id)
     # What `det experiment wait` polls, with a deadline: a hang must fail, not stall CI.
     ended = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
-    flow_run = _until("the end", lambda: _ended(experiment_run(exp_id), ended), 300)
+    flow_run = wait_for(lambda: _ended(experiment_run(exp_id), ended), 300, "the end")
     assert flow_run.state == "COMPLETED", (flow_run.state, _flow_logs(flow_run.id)[-20:])
     logs = _flow_logs(flow_run.id)
     return _Moved(run_id, holder, other, paused_at, pause_checkpoint["uri"], logs)

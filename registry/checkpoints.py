@@ -202,28 +202,26 @@ class S3CheckpointStore:
                 # lost for good (whoever resumes from it never reports them again).
                 self.metrics.wait_sent(reported, METRICS_BEFORE_RECORD_S)
             if self.lease is not None and not self.lease.held():  # checked last, as it writes
-                self._drop_fenced(staged, location, uuid)
+                log.warning(
+                    "checkpoint %s of run %s not recorded: the run is now %s's; its files "
+                    "are removed", uuid, self.run_id, self.lease.lost_to,
+                )  # fmt: skip
+                self._remove(staged, location)
                 return
             record_checkpoint(self.client, self.run_id, record)
             if self.lease is not None:
                 self.lease.recorded(int(record["steps_completed"] or 0))
         except Exception:
             with contextlib.suppress(Exception):  # the upload's own error is the one to raise
-                delete_prefix(self.s3, location)
-            shutil.rmtree(staged, ignore_errors=True)
+                self._remove(staged, location)
             raise
 
-    def _drop_fenced(self, staged: Path, location: Location, uuid: str) -> None:
-        """Another process holds the run now and checkpoints it itself: this copy is
-        removed, not recorded (recorded, the same batch would have two checkpoints)."""
-        log.warning(
-            "checkpoint %s of run %s not recorded: the run is now %s's; its files are removed",
-            uuid,
-            self.run_id,
-            self.lease.lost_to if self.lease else None,
-        )
-        delete_prefix(self.s3, location)
-        shutil.rmtree(staged, ignore_errors=True)
+    def _remove(self, staged: Path, location: Location) -> None:
+        """A checkpoint that is not recorded: its uploaded files and its local copy."""
+        try:
+            delete_prefix(self.s3, location)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
 
     def completed_uploads(self, wait: bool = False) -> list[str]:
         """Uploads finished since the last call (raising the first failure)."""

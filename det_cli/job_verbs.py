@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 from typing import Any
 
 from cluster.environment import stack_scheduler
@@ -142,6 +143,9 @@ def _max_slots(text: str) -> int:
 
 def _number(text: str, kind: Any, name: str) -> Any:
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{name} {text!r} is not a number") from None
+    if not math.isfinite(value):  # float("nan") and float("inf") parse; shares need numbers
+        raise argparse.ArgumentTypeError(f"{name} {text!r} is not a finite number, e.g. 2")
+    return value

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from det_tasks.config.finite import FINITE_FIX
 from det_tasks.config.names import PARAM_KEY_PREFIX, param_key_problem
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
 
 
 class _HP(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ConstHP(_HP):
@@ -160,7 +161,10 @@ def _parse_leaf(value: dict[str, Any], path: str) -> Any:
         for item in err.errors()[:3]:
             loc = ".".join(str(p) for p in item["loc"][1:])
             where = f"{path}.{loc}" if loc else path
-            problems.append(f"`{where}`: {item['msg'].removeprefix('Value error, ')}")
+            if item["type"] == "finite_number":
+                problems.append(f"`{where}` = {item['input']!r} is invalid: {FINITE_FIX}")
+            else:
+                problems.append(f"`{where}`: {item['msg'].removeprefix('Value error, ')}")
         raise ValueError("; ".join(problems)) from None
 
 

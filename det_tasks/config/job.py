@@ -12,7 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from det_tasks.config.loader import describe_validation_error, parse_yaml_text
+from det_tasks.config.loader import (
+    describe_validation_error,
+    parse_yaml_text,
+    refuse_non_finite,
+)
 from det_tasks.errors import ConfigError
 
 __all__ = ["BATCH_INFERENCE_DATA_KEYS", "JobConfig", "load_job_config"]
@@ -31,7 +35,7 @@ BATCH_INFERENCE_DATA_KEYS = (
 
 
 class JobConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str | None = None
     description: str | None = None
@@ -78,6 +82,7 @@ def load_job_config(path: str | Path) -> tuple[dict[str, Any], JobConfig]:
     raw = parse_yaml_text(text, source)
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a job config must be a mapping")
+    refuse_non_finite(raw, source)
     try:
         return raw, JobConfig.model_validate(raw)
     except ValidationError as err:

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.config.finite import FINITE_FIX, non_finite_field
 from det_tasks.config.unhonoured import warn_unhonoured
 from det_tasks.errors import ConfigError
 
@@ -31,6 +32,7 @@ __all__ = [
     "parse_with_overrides",
     "parse_yaml_text",
     "read_config_file",
+    "refuse_non_finite",
 ]
 
 MAX_CONFIG_BYTES = 1_000_000
@@ -217,6 +219,7 @@ def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
     if not isinstance(raw, dict):
         kind = "empty" if raw is None else f"a {type(raw).__name__}"
         raise ConfigError(f"{source}: an experiment config must be a mapping, got {kind}")
+    refuse_non_finite(raw, source)
     raw = _translate_deprecated(copy.deepcopy(raw), source)
     warn_unhonoured(raw, source)
     try:
@@ -226,6 +229,13 @@ def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     return config
+
+
+def refuse_non_finite(raw: Any, source: str) -> None:
+    """A ConfigError naming the first NaN or infinite value in ``raw`` (see config.finite)."""
+    found = non_finite_field(raw)
+    if found is not None:
+        raise ConfigError(f"{source}: `{found[0]}` = {found[1]} is invalid: {FINITE_FIX}")
 
 
 def _warn(source: str, message: str) -> None:
@@ -285,6 +295,7 @@ def describe_validation_error(err: ValidationError, raw: dict[str, Any], source:
             lines.append(item["msg"].removeprefix("Value error, "))
         else:
             msg = item["msg"].removeprefix("Value error, ")
+            msg = FINITE_FIX if kind == "finite_number" else msg
             if msg.startswith("`"):
                 lines.append(msg)
                 continue

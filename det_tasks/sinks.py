@@ -10,7 +10,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["InMemoryMetricsSink", "MetricsSink", "MultiSink", "ReportedCheckpoint"]
+__all__ = [
+    "InMemoryMetricsSink",
+    "MetricsSink",
+    "MultiSink",
+    "ReportedCheckpoint",
+    "record_position_on",
+]
 
 
 @runtime_checkable
@@ -114,6 +120,23 @@ class MultiSink:
             if watch is not None:
                 watch(position, epoch_len, max_batches)
 
+    def record_position(self, trained: int, length: int | None, stop_requested: bool) -> None:
+        """Optional on sinks: where the loop stands (record_position_on)."""
+        for sink in self.sinks:
+            record_position_on(sink, trained, length, stop_requested)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def record_position_on(
+    sink: Any, trained: int, length: int | None, stop_requested: bool
+) -> None:
+    """Tell ``sink`` (if it keeps it: the platform's sink does) how far the trial got:
+    ``trained`` batches of its searcher ``length``, and whether it asked to stop early.
+    Told when a trial starts and after every stretch of training, so whoever ends the
+    trial's run knows whether it may be recorded COMPLETED."""
+    record = getattr(sink, "record_position", None)
+    if record is not None:
+        record(trained, length, stop_requested)

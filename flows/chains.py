@@ -496,7 +496,7 @@ class TrialChains:
                 and run.data.tags.get(RUN_STATE_TAG) != PRUNED
             ):
                 if run.info.status != "FINISHED":
-                    self.runs.finish(run.info.run_id, "FINISHED")
+                    self.runs.finish(run.info.run_id, "FINISHED", PRUNED)
                 self.runs.client.set_tag(run.info.run_id, RUN_STATE_TAG, PRUNED)
 
     def _ref(self, work: Work) -> TrialRef:

@@ -32,6 +32,7 @@ from det_tasks.errors import CheckpointError
 from registry.checkpoints import record_checkpoint, run_checkpoint_location
 from registry.s3 import download_prefix, parse_location, upload_dir
 from registry.tracking import ExperimentRuns
+from registry.trial_states import Progress
 
 __all__ = ["ImportedCheckpoint", "adopt_directory", "import_checkpoints"]
 
@@ -77,7 +78,7 @@ def import_checkpoints(
         client.set_tag(runs.parent_run_id, "det.imported_from", "determined")
         done = [_register(client, s3, runs, path, artifacts_destination) for path in adopted]
         for run_id in {d.run_id for d in done}:
-            runs.finish(run_id)
+            runs.finish(run_id, progress=Progress.recorded_elsewhere())
         runs.finish(runs.parent_run_id)
         return [dataclasses.replace(d, source=s) for d, s in zip(done, sources)]
 

@@ -35,6 +35,7 @@ from mlflow.utils.validation import _validate_metric_name
 from registry.report_backlog import Report, ReportBacklog, numeric_metrics
 from registry.rest_session import AUTH_STATUS, RETRYABLE_STATUS, RestSession
 from registry.run_lease import RunLease
+from registry.trial_states import Progress
 
 __all__ = ["MlflowMetricsSink"]
 
@@ -100,6 +101,9 @@ class MlflowMetricsSink:
         # Highest step already stored per key: a retried trial resumes from its checkpoint
         # and re-reports the steps after it with identical values; those are not re-sent.
         self._stored_max: dict[str, int] = {}
+        # How far the trial got (the loop tells it: det_tasks.sinks.record_position_on);
+        # the run's end reads it to decide whether the trial may be COMPLETED.
+        self.position: Progress | None = None
         # Reports wait here until the sender's next pass. Appending wakes nobody: a sender
         # woken per report would take the GIL from training thousands of times a second.
         self._inbox: collections.deque[Report] = collections.deque()
@@ -443,6 +447,10 @@ class MlflowMetricsSink:
             return True
         finally:
             self._flushing.clear()
+
+    def record_position(self, trained: int, length: int | None, stop_requested: bool) -> None:
+        """Where the trial's loop stands (see ``position``)."""
+        self.position = Progress(trained, length, stop_requested)
 
     def close(self) -> None:
         if self._closed.is_set():  # idempotent: the runner and the services may both close

@@ -34,7 +34,7 @@ from registry.tracking import (
     mlflow_link,
     report_link,
 )
-from registry.trial_states import ERROR, STOPPED
+from registry.trial_states import ERROR, STOPPED, Progress
 
 __all__ = [
     "ERROR_TAG",
@@ -181,7 +181,7 @@ def _end_trial(
         shutil.rmtree(parts.tensorboard_dir, ignore_errors=True)
         return
     _upload_tensorboard(runs.client, run_id, parts.tensorboard_dir)
-    _end_runs(runs, run_id, s3, ending, owns_experiment_run)
+    _end_runs(runs, run_id, s3, ending, owns_experiment_run, parts.sink.position)
 
 
 def _fenced(lease: RunLease) -> bool:
@@ -206,6 +206,7 @@ def _end_runs(
     s3: Any,
     ending: tuple[str, str | None, BaseException | None],
     owns_experiment_run: bool,
+    progress: Progress | None = None,
 ) -> None:
     """End the trial run (and the experiment run it owns) with ``ending``'s (MLflow status,
     det.state, error); a run a failure left empty is deleted instead."""
@@ -216,7 +217,7 @@ def _end_runs(
         return
     if error is not None:
         _tag_error(client, run_id, error)
-    runs.finish(run_id, status, state)
+    status, _ = runs.finish(run_id, status, state, progress)
     if owns_experiment_run:
         finish_experiment(runs, s3, status)
     elif status == "FINISHED":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 import warnings
@@ -24,7 +25,7 @@ from registry.containment import key_within, normalised_key
 from registry.large_tags import large_tag, load_large_tag
 from registry.settings import RegistrySettings
 from registry.shared_database import create_once
-from registry.trial_states import COMPLETED, QUEUED, run_status
+from registry.trial_states import COMPLETED, QUEUED, Progress, honest_end, run_status
 from registry.trials_view import (
     TRIALS_VIEW_KEY,
     TRIALS_VIEW_TAG,
@@ -34,6 +35,7 @@ from registry.trials_view import (
 
 __all__ = [
     "CONFIG_TAG",
+    "END_REASON_TAG",
     "ERROR_TAG",
     "EXPERIMENT_KIND_TAG",
     "EXPERIMENT_RUN_TAG",
@@ -53,6 +55,8 @@ __all__ = [
     "retry_mlflow",
 ]
 
+_logger = logging.getLogger(__name__)
+
 TRIAL_TAG = "det.trial_id"
 EXPERIMENT_RUN_TAG = "det.experiment_run"
 # Why a run ended or what it is doing, in Determined's words (registry.run_states): MLflow's
@@ -61,6 +65,8 @@ EXPERIMENT_RUN_TAG = "det.experiment_run"
 STATE_TAG = "det.state"
 # Why a run FAILED: the error, and for a trial's step the trial, function and batch.
 ERROR_TAG = "det.error"
+# Why a trial run ended other than as asked (registry.trial_states.honest_end).
+END_REASON_TAG = "det.end_reason"
 HEARTBEAT_TAG = "det.heartbeat"
 PARENT_TAG = "mlflow.parentRunId"
 # Ours are model-training experiments, whose page is the runs table. MLflow UIs before the
@@ -246,16 +252,33 @@ class ExperimentRuns:
         with contextlib.suppress(MlflowException):  # the view is a convenience
             self.client.set_experiment_tag(self.experiment_id, TRIALS_VIEW_TAG, view)
 
-    def finish(self, run_id: str, status: str = "FINISHED", state: str | None = None) -> None:
+    def finish(
+        self,
+        run_id: str,
+        status: str = "FINISHED",
+        state: str | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[str, str | None]:
         """End a run with MLflow ``status`` and ``det.state`` ``state`` (default for a
         FINISHED run: COMPLETED; other statuses keep the state already recorded). A state's
         own status wins, so the two never disagree: a trial released because its
-        experiment failed (state ERROR) ends FAILED, not KILLED or FINISHED."""
+        experiment failed (state ERROR) ends FAILED, not KILLED or FINISHED.
+
+        Every trial run ends here, so here is the rule that no trial is COMPLETED short of
+        its length (registry.trial_states.honest_end, on the trial's ``progress``): such an
+        ending becomes PAUSED, its reason in ``det.end_reason``. Returns the (status,
+        state) written."""
         state = state or (COMPLETED if status == "FINISHED" else None)
+        if state is not None and run_id != self.parent_run_id:
+            state, reason = honest_end(state, progress)
+            if reason is not None:
+                _logger.warning("trial run %s: %s", run_id, reason)
+                self.client.set_tag(run_id, END_REASON_TAG, reason)
         if state is not None:
             status = run_status(state, status)
             self.client.set_tag(run_id, STATE_TAG, state)
         retry_mlflow(lambda: self.client.set_terminated(run_id, status=status))
+        return status, state
 
     def queued(self, run_id: str) -> None:
         """Mark a trial's run QUEUED: it waits for a slot of the shared cluster (running

@@ -10,6 +10,8 @@ searcher stop is a normal end, as Optuna's MLflow callback ends a pruned trial F
 
 from __future__ import annotations
 
+import dataclasses
+
 __all__ = [
     "ACTIVE",
     "CANCELED",
@@ -19,10 +21,12 @@ __all__ = [
     "ORPHANED",
     "PAUSED",
     "PREEMPTED",
+    "Progress",
     "PRUNED",
     "QUEUED",
     "RUNNING",
     "STOPPED",
+    "honest_end",
     "run_status",
     "trial_state",
 ]
@@ -71,3 +75,44 @@ def trial_state(status: str, tag: str | None) -> str:
     if tag in END_STATES or tag == PREEMPTED:
         return tag
     return _BY_STATUS.get(status, status)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """How far a trial got when its run ends: batches ``trained`` of its searcher ``length``
+    (None: unknown), and whether the trial itself asked to stop early
+    (``context.set_stop_requested``, a normal end in Determined)."""
+
+    trained: int
+    length: int | None
+    stop_requested: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.stop_requested or (self.length is not None and self.trained >= self.length)
+
+    @classmethod
+    def recorded_elsewhere(cls) -> Progress:
+        """Work that finished before it was recorded here (an imported checkpoint)."""
+        return cls(trained=0, length=0)
+
+
+def honest_end(state: str, progress: Progress | None) -> tuple[str, str | None]:
+    """The state a trial run may end in, and why it was changed (None: as asked).
+
+    The one rule every ending of a trial run goes through: COMPLETED only once the trial
+    trained its searcher length (or stopped itself early). A run asked to end COMPLETED
+    short of that (its worker closed under it: a scheduler restart, a recycled or lost
+    worker) ends PAUSED instead, saying where it stopped; it continues from its newest
+    checkpoint, and nothing ever reads it as finished."""
+    if state != COMPLETED or (progress is not None and progress.complete):
+        return state, None
+    where = (
+        "at an unknown batch"
+        if progress is None
+        else f"at batch {progress.trained} of {progress.length if progress.length else '?'}"
+    )
+    return PAUSED, (
+        f"its run was ended {where}, short of its searcher length, without a stop request "
+        "(its worker closed or its process ended); it continues from its newest checkpoint"
+    )

@@ -40,7 +40,7 @@ from det_tasks.pytorch._restore import load_state, open_checkpoint, overridden
 from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
-from det_tasks.sinks import MetricsSink
+from det_tasks.sinks import MetricsSink, record_position_on
 
 __all__ = ["FitOptions", "TrialController"]
 
@@ -141,6 +141,7 @@ class TrialController:
             if self.options.step_zero_validation and self.batches_trained == 0:
                 self._validate()
             self._install_before_step_hooks()
+            self._record_position()
         except BaseException:
             self.stop()
             raise
@@ -165,6 +166,16 @@ class TrialController:
                     # so MLflow's progress/batches would stay at the last scheduling unit.
                     self._report_training()
                     break
+        self._record_position()
+
+    def _record_position(self) -> None:
+        """Where the loop stands, for whoever ends the trial's run (sinks.record_position_on)."""
+        record_position_on(
+            self.sink,
+            self.batches_trained,
+            self.max_batches,
+            bool(self.context.get_stop_requested()),
+        )
 
     def validate_now(self) -> dict[str, Any] | None:
         """Report training and validate at the current batch (once per batch)."""

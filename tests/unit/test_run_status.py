@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from registry.tracking import ExperimentRuns
-from registry.trial_states import END_STATES, run_status, trial_state
+from registry.trial_states import END_STATES, Progress, run_status, trial_state
 
 EXPECTED = {
     "COMPLETED": "FINISHED",
@@ -51,7 +51,7 @@ def test_a_finished_run_says_the_same_in_both(
     client, _ = mlflow_store
     runs = ExperimentRuns(client, "run-status", f"key-{asked}-{state}", {})
     trial = runs.trial_run("1", {}, {})
-    runs.finish(trial, asked, state)
+    runs.finish(trial, asked, state, Progress(10, 10))  # trained to its length
     run = client.get_run(trial)
     assert run.info.status == ended
     tag = run.data.tags.get("det.state")

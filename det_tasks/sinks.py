@@ -130,9 +130,7 @@ class MultiSink:
             sink.close()
 
 
-def record_position_on(
-    sink: Any, trained: int, length: int | None, stop_requested: bool
-) -> None:
+def record_position_on(sink: Any, trained: int, length: int | None, stop_requested: bool) -> None:
     """Tell ``sink`` (if it keeps it: the platform's sink does) how far the trial got:
     ``trained`` batches of its searcher ``length``, and whether it asked to stop early.
     Told when a trial starts and after every stretch of training, so whoever ends the

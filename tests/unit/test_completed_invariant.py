@@ -130,7 +130,7 @@ def platform(
     mlflow_store: tuple[Any, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Any, Path]:
     """A model folder, and the platform's services over a real (SQLite) MLflow store."""
-    client, root = mlflow_store
+    client, _ = mlflow_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(client.tracking_uri))
     monkeypatch.setenv("DET_TASKS_ARTIFACT_ROOT", str(tmp_path / "artifacts"))
     monkeypatch.setenv("DET_TASKS_CACHE_DIR", str(tmp_path / "cache"))

@@ -10,6 +10,7 @@ package's URI, which is all a worker on any machine needs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +35,10 @@ __all__ = [
     "register",
     "submit_options",
 ]
+
+# Prefect prints a telemetry notice on its first import in a terminal (a new user's first
+# `det experiment create`); the standard opt-out, unless the user set it either way.
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
 EXPERIMENT_DEPLOYMENT = "experiment/submitted"
 JOB_DEPLOYMENT = "batch-inference/submitted"
@@ -82,8 +87,8 @@ def submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
     parser.add_argument(
         "--max-package-mb",
         type=float,
-        default=96.0,
-        help="refuse model directories larger than this (default 96)",
+        default=95.0,
+        help="refuse model directories larger than this (default 95, Determined's limit)",
     )
 
 
@@ -112,12 +117,16 @@ def _ui_url(flow_run_id: Any) -> str:
 
 def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     """``shown_id`` prints the flow-run id (``det`` shows its 8-character short form)."""
+    from det_tasks.config.experiment_name import named
     from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
     from det_tasks.runner.trial_setup import load_raw_config
     from registry.settings import RegistrySettings
     from registry.tracking import client_for, ensure_experiment, mlflow_link
 
     raw, cfg = load_raw_config(args.config, args.param)  # refused here, before any upload
+    # Named once, here: the flow and its workers read the name from the overrides sent
+    # (a config without `name:` is named after the file the user gave).
+    raw, cfg, overrides = named(raw, cfg, args.config, list(args.param))
     check_storage_beside_code(cfg, args.model_dir)
     check_resource_pool(cfg.resources.resource_pool)
     config_text = args.config.read_text(encoding="utf-8")
@@ -127,7 +136,7 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
         {
             "config": args.config.name,
             "config_yaml": config_text,
-            "overrides": list(args.param),
+            "overrides": overrides,
             "package": package,
         },
         tags=[USER_TAG_PREFIX + local_user()],
@@ -136,8 +145,9 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
     settings = RegistrySettings.from_env()
     if settings.tracking_uri:
-        name = cfg.name or args.config.stem
-        exp_id = ensure_experiment(client_for(settings.tracking_uri), name, cfg.description)
+        exp_id = ensure_experiment(
+            client_for(settings.tracking_uri), str(cfg.name), cfg.description
+        )
         print(f"  MLflow experiment: {mlflow_link(settings.tracking_uri, exp_id)}")
     return print_logs(flow_run.id) if args.follow else 0
 
@@ -229,7 +239,7 @@ def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str]
         rows.append(
             [
                 shown_id(run.id),
-                view.name if view else run.parameters.get("config", ""),
+                view.name if view else _submitted_name(run.parameters),
                 experiment_state(run),
                 f"{run.start_time.astimezone():%Y-%m-%d %H:%M}" if run.start_time else "",
                 len(view.trials) if view else 0,
@@ -240,6 +250,18 @@ def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str]
         )
     print_table(rows, ["id", "experiment", "state", "started", "trials", "best"])
     return 0
+
+
+def _submitted_name(parameters: dict[str, Any]) -> str:
+    """The experiment's name before its flow has made its MLflow runs: the config's
+    ``name`` as submitted (not the file's name, as it was)."""
+    from det_tasks.config.experiment_name import submitted_name
+
+    return submitted_name(
+        str(parameters.get("config", "")),
+        parameters.get("config_yaml"),
+        [str(o) for o in parameters.get("overrides") or []],
+    )
 
 
 def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:

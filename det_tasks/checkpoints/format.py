@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from det_tasks.checkpoints.code_selection import MAX_MODEL_DEF_BYTES
 from det_tasks.checkpoints.safe_unpickle import load_pickle, torch_safe_globals
 from det_tasks.errors import CheckpointError
 
@@ -45,7 +46,7 @@ STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
 METADATA_FILE = "metadata.json"
 CODE_DIR = "code"
-MAX_CODE_BYTES = 96 * 1024 * 1024
+MAX_CODE_BYTES = MAX_MODEL_DEF_BYTES  # Determined's, as for a package
 _LEGACY_STATE_PATHS = [
     (STATE_FILE,),
     ("determined", STATE_FILE),
@@ -175,14 +176,16 @@ def read_json(path: Path) -> Any:
 
 
 def copy_code(model_dir: Path, dest: Path, excluded_dirs: Sequence[Path] = ()) -> None:
-    """Copy the model directory (as Determined did) minus ``.detignore`` matches,
-    credential files and checkpoint folders, refusing one over 96 MB.
+    """Copy the model definition into ``dest/code`` (as Determined did): the rules of
+    det_tasks.checkpoints.code_selection (``.detignore``, no credentials, no platform home,
+    database, cache or checkpoint), refused over Determined's limit. A file that vanishes
+    during the copy is skipped.
 
     The folder ``dest`` is staged in (the store's) is left out wherever it is inside the
     model directory, with ``excluded_dirs`` (the config's checkpoint folders,
     ``det_tasks.config.storage_paths.code_exclusions``): else each checkpoint's copy
     holds every checkpoint before it."""
-    from det_tasks.checkpoints.model_package import model_files
+    from det_tasks.checkpoints.code_selection import model_files, over_limit, sized
 
     store_root = dest.resolve().parent
     if store_root == model_dir.resolve():
@@ -192,20 +195,19 @@ def copy_code(model_dir: Path, dest: Path, excluded_dirs: Sequence[Path] = ()) -
             "subfolder such as ./checkpoints"
         )
     excluded = [*excluded_dirs, store_root, dest]
-    files = model_files(model_dir, [f"{d}/" for d in _SKIP_CODE], excluded)
-    total = sum(path.stat().st_size for _, path in files)
-    if total > MAX_CODE_BYTES:
-        raise CheckpointError(
-            f"model directory {str(model_dir)!r} holds {total / 2**20:.0f} MB, over the "
-            f"{MAX_CODE_BYTES // 2**20} MB limit for code in checkpoints; move data out of it "
-            "or list it in .detignore"
-        )
+    files = sized(model_files(model_dir, [f"{d}/" for d in _SKIP_CODE], excluded))
+    refusal = over_limit(model_dir, files, MAX_CODE_BYTES)
+    if refusal:
+        raise CheckpointError(refusal)
     code = dest / CODE_DIR
     code.mkdir(exist_ok=True)
-    for rel, path in files:
+    for rel, path, _ in files:
         target = code / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
+        try:
+            shutil.copyfile(path, target)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            continue  # gone since it was listed (a staging folder, a journal)
 
 
 def _sha256(path: Path) -> str:

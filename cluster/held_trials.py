@@ -49,7 +49,6 @@ from det_tasks.cpu_threads import worker_threads
 from det_tasks.errors import (
     EXIT_INVALID_HP,
     ConfigError,
-    DetTasksError,
     InvalidHP,
     StepFailed,
     TrialError,
@@ -57,7 +56,7 @@ from det_tasks.errors import (
 )
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
-from det_tasks.user_frames import innermost_user_frame, user_traceback
+from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -464,9 +463,9 @@ def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> 
     frame = innermost_user_frame(err, model_dir)
     return StepFailed(
         spec.trial_id,
-        frame.function if frame else kind,
+        frame.described if frame else kind,
         batch,
-        str(err) if isinstance(err, DetTasksError) else f"{type(err).__name__}: {err}",
+        error_text(err),
         frame.location if frame else None,
         retryable=not isinstance(err, (ConfigError, TrialError)),
         user_traceback=user_traceback(err, model_dir),

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from distributed.diagnostics.plugin import NannyPlugin
 from cluster.environment import accepts
 from cluster.held_trials import StepRequest
 from det_tasks.errors import StepFailed
+from det_tasks.exit_signals import signal_cause
 
 __all__ = ["DEATHS_PLUGIN_NAME", "DeathRecorder", "death_cause", "explain_death"]
 
@@ -124,18 +124,7 @@ def death_cause(exitcode: int | None) -> str:
     if exitcode is None:
         return "its process ended (exit code unknown: its host or its Nanny went too?)"
     if exitcode < 0:
-        number = -exitcode
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(number).name
-            if number == signal.SIGKILL:
-                return (
-                    f"killed by signal {number} ({name}): out of memory? (the kernel's OOM "
-                    "killer sends it; see `dmesg`), or killed by hand"
-                )
-            if number == signal.SIGSEGV:
-                return f"killed by signal {number} ({name}): a crash in native code"
-            return f"killed by signal {number} ({name})"
-        return f"killed by signal {number}"
+        return signal_cause(-exitcode)
     return (
         f"exited with code {exitcode}: the trial's code (or a library it calls) ended the "
         "process, e.g. os._exit()"

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from det_tasks import plugins
 from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
+from det_tasks.loader_failures import loader_worker_death, worker_traceback
 from det_tasks.runner.library_logs import quiet_library_loggers
-from det_tasks.user_frames import innermost_user_frame
+from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 
 __all__ = ["main"]
 
@@ -163,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if worker_traceback(err) is None and loader_worker_death(err) is None:
+            raise  # Python's own traceback: it ends at the user's frame already
+        return _report_loader_failure(err, args)
     summary = {
         "batches_trained": result.batches_trained,
         "checkpoint": result.checkpoint_uri,
@@ -226,6 +231,20 @@ def _user_code_location(err: BaseException) -> str | None:
     """``file:line`` of the innermost frame of the user's code in the error's traceback."""
     frame = innermost_user_frame(err)
     return frame.location if frame else None
+
+
+def _report_loader_failure(err: BaseException, args: argparse.Namespace) -> int:
+    """A DataLoader worker's failure, as the user's frames (read back from the worker's
+    traceback, which torch passes on as text) and one line: no wrapper around it."""
+    model_dir = Path(args.model_dir) if getattr(args, "model_dir", None) else None
+    base = model_dir or Path(args.config).parent
+    shown = user_traceback(err, base)
+    if shown:
+        print(shown, file=sys.stderr)
+    frame = innermost_user_frame(err, base)
+    where = f"{frame.location}: in {frame.described}: " if frame else ""
+    print(f"error: {where}{error_text(err)}", file=sys.stderr)
+    return 1
 
 
 def _report_invalid_hp(args: argparse.Namespace, err: InvalidHP) -> int:

@@ -116,6 +116,7 @@ from cluster.pools import DEFAULT_POOL
 from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, worker_memory_mb
 from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
+from det_tasks.config.experiment_name import experiment_name, named
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
 from det_tasks.runner.in_process import check_entrypoint
@@ -126,7 +127,7 @@ from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.job_settings import check_pool, job_settings
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from flows.stopping import StopControl, stop_grace_s
-from flows.trial_table import TrialTable
+from flows.trial_table import TrialTable, searcher_batches
 from registry.activation import check_activatable
 from registry.mlflow_services import finish_experiment
 from registry.packages import fetch_package
@@ -211,7 +212,10 @@ def _run_experiment(
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     check_entrypoint(cfg, model_path)  # before any run exists: a retry cannot fix it
     settings, tracking_uri = _tracking_settings()
-    name = cfg.name or config_path.stem
+    # Named here once; the name travels to the workers with the overrides (a worker's copy
+    # of the config has a file name of its own).
+    raw, cfg, overrides = named(raw, cfg, config_path, overrides)
+    name = str(cfg.name)
     run_key = experiment_key or str(flow_run.get_id() or uuid.uuid4())
     mlflow = client_for(tracking_uri)
     if experiment_key:  # before a run exists: an unknown key must not start one
@@ -308,7 +312,7 @@ def _queued_chains(
     check_pool(pools, pool)  # before any trial: the config names a pool that is not there
     placement = Placement(client, run_key, pool)
     trials = chains(placement)
-    name = cfg.name or trials.config_path.stem
+    name = experiment_name(cfg.name, trials.config_path)
     trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))
     trials.pool_resource = pool_resource(pools, pool)
     return trials
@@ -337,6 +341,7 @@ def _trial_table(
         total_trials=total,
         parent_run_id=runs.parent_run_id,
         client=runs.client,
+        trial_batches=searcher_batches(cfg),  # progress in batches (one trial read 0%)
     )
 
 

@@ -34,7 +34,10 @@ from prefect.artifacts import (
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 
+from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.hyperparameters import flatten_hparams
+from det_tasks.config.lengths import in_batches_or_epochs
+from det_tasks.errors import ConfigError
 from registry.experiment_view import (
     TrialProgress,
     read_trial_progress,
@@ -52,6 +55,7 @@ __all__ = [
     "PRUNED",
     "SETTLED_STATES",
     "TrialTable",
+    "searcher_batches",
     "significant",
 ]
 
@@ -69,6 +73,8 @@ PUBLISH_INTERVAL_PER_TRIAL_S = 0.01
 LIVE_REFRESH_S = 10.0  # while trials run, their rows are read again this often
 
 ProgressOf = Callable[[str], TrialProgress]  # MLflow run id -> the trial's numbers
+# A trial's hyperparameters -> its searcher length in batches (None: only its data loader knows)
+TrialBatches = Callable[[dict[str, Any]], int | None]
 NO_PROGRESS = TrialProgress(0, None, None, None, None, None)
 _logger = logging.getLogger(__name__)
 
@@ -101,12 +107,14 @@ class TrialTable:
         progress_of: ProgressOf | None = None,
         parent_run_id: str | None = None,
         client: Any = None,
+        trial_batches: TrialBatches | None = None,
     ) -> None:
         """``total_trials``: how many the searcher will run, for the progress artifact
         (default: the trials known so far). ``progress_of``: a trial's numbers (default:
         ``read_trial_progress`` from ``client``, else the MLflow server in
         MLFLOW_TRACKING_URI). ``parent_run_id``: the experiment's parent run, whose trials
-        the table starts with and whose ``det.best.*`` tags it keeps."""
+        the table starts with and whose ``det.best.*`` tags it keeps. ``trial_batches``:
+        a trial's length in batches (``searcher_batches``), for progress in batches."""
         self.key = _artifact_key(f"{experiment}-trials")
         self.progress_key = _artifact_key(f"{experiment}-progress")
         self.experiment = experiment
@@ -117,6 +125,7 @@ class TrialTable:
         self.parent_run_id = parent_run_id
         self._client = client
         self._progress_of = progress_of
+        self.trial_batches = trial_batches
         self.rows: dict[int, _Row] = {}
         self._table_id: UUID | None = None
         self._progress_id: UUID | None = None
@@ -210,6 +219,34 @@ class TrialTable:
         done = sum(row.state in FINISHED_STATES for row in self.rows.values())
         return done, max(self.total_trials or 0, len(self.rows))
 
+    def batches(self) -> tuple[int, int] | None:
+        """(batches trained, batches planned) over the trials in all: a finished trial
+        counts its whole length (ASHA stops most trials short of it), a trial not yet
+        proposed the known trials' mean length. None where a trial's length in batches is
+        unknown (epochs without ``records_per_epoch``) or no trial is known yet."""
+        if self.trial_batches is None or not self.rows:
+            return None
+        lengths = {row.trial_id: self.trial_batches(row.hparams) for row in self.rows.values()}
+        if any(length is None for length in lengths.values()):
+            return None
+        known = {k: int(v) for k, v in lengths.items() if v is not None}
+        trained = sum(
+            known[row.trial_id]
+            if row.state in FINISHED_STATES
+            else min(row.progress.batches, known[row.trial_id])
+            for row in self.rows.values()
+        )
+        unknown = self.progress()[1] - len(self.rows)
+        planned = sum(known.values()) + round(unknown * sum(known.values()) / len(known))
+        return trained, planned
+
+    def percent(self) -> float:
+        """How much of the experiment is done: its batches trained over those planned, or
+        (lengths unknown) its trials finished over all. Counting only finished trials, a
+        one-trial experiment read 0% until its end."""
+        counted = self.batches() or self.progress()
+        return 100.0 * counted[0] / counted[1] if counted[1] else 0.0
+
     # ---- Prefect ------------------------------------------------------------------------
     def publish_soon(self) -> None:
         """Publish now unless the last publish was under ``publish_interval_s`` ago; then
@@ -262,8 +299,10 @@ class TrialTable:
                 self._table_id, ArtifactUpdate(data=json.dumps(rows, default=str))
             )
         done, total = self.progress()
-        percent = 100.0 * done / total if total else 0.0
+        percent = self.percent()
         text = f"{done} of {total} trials of experiment {self.experiment!r} finished"
+        if (batches := self.batches()) is not None:
+            text += f" ({batches[0]} of {batches[1]} batches trained)"
         if self._progress_id is None:
             self._progress_id = _existing(self.progress_key)
         if self._progress_id is None:
@@ -348,6 +387,26 @@ class TrialTable:
         )
         log_best_tags(client, self.parent_run_id, best_row)
         self._best_written = written
+
+
+def searcher_batches(config: ExperimentConfig) -> TrialBatches:
+    """A trial's searcher length in batches, from its hyperparameters (their
+    ``global_batch_size`` turns records, and epochs with ``records_per_epoch``, into
+    batches, as the trial's own loop does)."""
+    length = config.searcher.max_length
+
+    def of(hparams: dict[str, Any]) -> int | None:
+        if length is None:
+            return None
+        try:
+            counted = in_batches_or_epochs(
+                length, hparams.get("global_batch_size"), config.records_per_epoch
+            )
+        except ConfigError:  # records without a global_batch_size: the trial says so
+            return None
+        return counted.value if counted.unit == "batches" else None
+
+    return of
 
 
 def _existing(key: str) -> UUID | None:

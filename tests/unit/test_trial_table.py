@@ -389,3 +389,60 @@ def test_a_waiting_trial_says_why_in_a_column_the_table_has_only_while_one_waits
     table.publish()
     (row,) = artifacts.latest_table()
     assert row["state"] == "RUNNING" and "waiting for" not in row
+
+
+def searcher_config(max_length: dict[str, int], **more: Any) -> Any:
+    from det_tasks.config.loader import parse_config
+
+    searcher = {"name": "random", "metric": "validation_error", "max_trials": 4}
+    return parse_config(
+        {
+            "entrypoint": "model_def:Trial",
+            "hyperparameters": {"global_batch_size": 8},
+            "searcher": {**searcher, "max_length": max_length},
+            **more,
+        }
+    )
+
+
+def test_one_trials_progress_counts_its_batches_not_only_its_end(monkeypatch):
+    """The issue's one-trial experiment read 0% until its end (finished trials only)."""
+    artifacts = Artifacts(monkeypatch)
+    client = FakeMlflow()
+    lengths = trial_table.searcher_batches(searcher_config({"batches": 200}))
+    table = const_table(client, total_trials=1, trial_batches=lengths)
+    table.set_state(1, "RUNNING")
+    for batches, percent in ((50, 25.0), (150, 75.0)):
+        client.put(run("r1", [], float(batches)), [])
+        table.publish()
+        (_, shown, text), *_ = artifacts.progress_updates[-1:] or artifacts.progress
+        assert shown == percent
+        assert text == (
+            f"0 of 1 trials of experiment 'mnist const' finished ({batches} of 200 batches trained)"
+        )
+    table.set_state(1, "COMPLETED")
+    table.publish()
+    assert artifacts.progress_updates[-1][1] == 100.0
+
+
+def test_many_trials_progress_counts_batches_and_a_stopped_trial_whole(monkeypatch):
+    """4 trials of {records: 800} at 8 a batch (100 batches each): one stopped by the
+    searcher at 12 counts whole, one running at 50 counts 50, two not yet proposed count
+    the known trials' mean length: 150 of 400. Lengths only a data loader knows (epochs
+    without records_per_epoch) count finished trials, as before."""
+    Artifacts(monkeypatch)
+    client = FakeMlflow()
+    client.put(run("r1", [], 12.0, "1", status="FINISHED", state="STOPPED"), [])
+    client.put(run("r2", [], 50.0, "2"), [])
+    for max_length, expected in (({"records": 800}, (150, 400)), ({"epochs": 1}, None)):
+        lengths = trial_table.searcher_batches(searcher_config(max_length))
+        table = const_table(client, total_trials=4, trial_batches=lengths)
+        table.add(1, {"global_batch_size": 8}, "r1")  # the searcher's values
+        table.add(2, {"global_batch_size": 8}, "r2")
+        table.set_state(1, "STOPPED")
+        table.set_state(2, "RUNNING")
+        table.refresh(every_row=True)
+        assert table.batches() == expected
+        assert table.percent() == (37.5 if expected else 25.0)
+    with_epochs = searcher_config({"epochs": 2}, records_per_epoch=400)
+    assert trial_table.searcher_batches(with_epochs)({"global_batch_size": 8}) == 100

@@ -43,6 +43,7 @@ from typing import Any
 from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
 from cluster.segment_output import last_output
+from cluster.step_errors import crossing_error
 from cluster.worker_heap import DASK_TRIM_ENV, DASK_TRIM_THRESHOLD, reuse_freed_memory
 from cluster.worker_process import exit_soon, shield_from_group_signals
 from det_tasks.cpu_threads import worker_threads
@@ -344,6 +345,11 @@ def run_step(request: StepRequest) -> StepResult:
     try:
         with reuse_freed_memory():
             return _run_step(request)
+    except Exception as err:  # sent back pickled: one that cannot be, as plain text
+        plain = crossing_error(err)
+        if plain is err:
+            raise
+        raise plain from None
     finally:
         plugin = get_worker().plugins.get(PLUGIN_NAME)
         if isinstance(plugin, HeldTrialPlugin):

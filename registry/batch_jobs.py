@@ -23,6 +23,7 @@ from registry.checkpoints import S3CheckpointStore, checkpoint_records
 from registry.local_files import FileLocation
 from registry.metrics import MlflowMetricsSink
 from registry.settings import RegistrySettings
+from registry.tensorboard_upload import upload_tensorboard
 from registry.tracking import client_for, ensure_experiment
 
 __all__ = ["JOB_TAG", "MlflowJobServices", "find_job_run", "job_output_uri"]
@@ -133,11 +134,7 @@ class MlflowJobServices:
     def close(self, succeeded: bool) -> None:
         self.checkpoint_store.close()
         self.sink.close()
-        if self._tensorboard is not None:
-            if any(p.is_file() for p in self._tensorboard.rglob("*")):
-                self.client.log_artifacts(
-                    self.run_id, str(self._tensorboard), artifact_path="tensorboard"
-                )
-            shutil.rmtree(self._tensorboard, ignore_errors=True)
+        if self._tensorboard is not None:  # never raises: the job's outputs are its work
+            upload_tensorboard(self.client, self.run_id, self._tensorboard)
         if succeeded and self.chief:
             self.client.set_terminated(self.run_id, status="FINISHED")

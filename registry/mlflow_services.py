@@ -26,6 +26,7 @@ from registry.run_lease import RunLease
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
 from registry.system_metrics import start_system_metrics
+from registry.tensorboard_upload import upload_tensorboard
 from registry.tracking import (
     DESCRIPTION_TAG,
     ERROR_TAG,
@@ -180,7 +181,7 @@ def _end_trial(
     if _fenced(parts.lease):
         shutil.rmtree(parts.tensorboard_dir, ignore_errors=True)
         return
-    _upload_tensorboard(runs.client, run_id, parts.tensorboard_dir)
+    upload_tensorboard(runs.client, run_id, parts.tensorboard_dir)  # never raises
     _end_runs(runs, run_id, s3, ending, owns_experiment_run, parts.sink.position)
 
 
@@ -191,13 +192,6 @@ def _fenced(lease: RunLease) -> bool:
         return not lease.held()
     except Exception:
         return False
-
-
-def _upload_tensorboard(client: Any, run_id: str, tensorboard_dir: Path) -> None:
-    """The trial's TensorBoard event files (if it wrote any) as the run's artifacts."""
-    if any(p.is_file() for p in tensorboard_dir.rglob("*")):
-        client.log_artifacts(run_id, str(tensorboard_dir), artifact_path="tensorboard")
-    shutil.rmtree(tensorboard_dir, ignore_errors=True)
 
 
 def _end_runs(

@@ -7,6 +7,10 @@ is taken and logged when the trial's services end, so even a run shorter than th
 interval has its point; and the loop does not ask the server every sample whether the run
 still runs (a ``get_run`` per trial per sample), since the run's owner always stops the
 sampler before it ends the run.
+
+A sample that cannot be logged (MLflow or its store down for a while) never fails the trial:
+it is dropped, the next sample is tried as usual, and only the first failure of a run is
+reported (one warning, not one per interval). A sampler that cannot start is one warning too.
 """
 
 from __future__ import annotations
@@ -26,10 +30,14 @@ def start_system_metrics(settings: RegistrySettings, run_id: str) -> TrialSystem
     seconds (0: off) and once more when ``finish`` is called."""
     if settings.system_metrics_interval <= 0:
         return None
-    sampler = TrialSystemMetrics(
-        run_id, settings.system_metrics_interval, tracking_uri=settings.tracking_uri
-    )
-    sampler.start()
+    try:
+        sampler = TrialSystemMetrics(
+            run_id, settings.system_metrics_interval, tracking_uri=settings.tracking_uri
+        )
+        sampler.start()
+    except Exception as err:  # auxiliary: the trial trains without it
+        _logger.warning("system metrics of run %s are off: %s: %s", run_id, type(err).__name__, err)
+        return None
     return sampler
 
 
@@ -39,10 +47,11 @@ def _monitor_class() -> Any:
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     class _Monitor(SystemMetricsMonitor):  # type: ignore[misc]
+        failures = 0
+
         def monitor(self) -> None:
             while not self._shutdown_event.wait(self.sampling_interval):
-                if not self.sample():
-                    return
+                self.sample()  # a failed one is dropped; the next is tried as usual
 
         def sample(self) -> bool:
             """Take one sample and log it with whatever was sampled since the last log."""
@@ -50,9 +59,21 @@ def _monitor_class() -> Any:
                 self.collect_metrics()
                 self.publish_metrics(self.aggregate_metrics())
             except Exception as err:  # a sampler must never fail the trial
-                _logger.warning("system metrics not logged: %s", err)
+                self.note_failure(err)
                 return False
             return True
+
+        def note_failure(self, err: Exception) -> None:
+            """One warning per run: the first failure, and that later ones are not told."""
+            self.failures += 1
+            if self.failures == 1:
+                _logger.warning(
+                    "a system metrics sample of run %s was not logged (%s: %s); it is "
+                    "dropped, later samples are tried as usual and their failures not reported",
+                    self._run_id,
+                    type(err).__name__,
+                    err,
+                )
 
     return _Monitor
 
@@ -74,11 +95,19 @@ class TrialSystemMetrics:
     def start(self) -> None:
         self._monitor.start()
 
+    @property
+    def failures(self) -> int:
+        """Samples that could not be logged (dropped)."""
+        return int(self._monitor.failures)
+
     def finish(self) -> None:
         """Stop sampling, take the last sample and log everything still held."""
-        self._monitor.finish()  # joins the loop, flushes what it logged
+        try:
+            self._monitor.finish()  # joins the loop, flushes what it logged
+        except Exception as err:
+            self._monitor.note_failure(err)
         self._monitor.sample()
         try:
             self._monitor.mlflow_logger.flush()
         except Exception as err:
-            _logger.warning("system metrics not logged: %s", err)
+            self._monitor.note_failure(err)

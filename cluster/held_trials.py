@@ -418,8 +418,18 @@ def _run_step(request: StepRequest) -> StepResult:
     return result
 
 
+# How long a step waits for the plugin on a worker that joined without it: a worker
+# restarted with its scheduler gets it when the flow re-registers it (cluster.reconnect),
+# which may be a moment after the step itself reached the worker.
+PLUGIN_WAIT_S = 60.0
+
+
 def _held_trial_plugin(worker: Worker) -> HeldTrialPlugin:
+    deadline = time.monotonic() + PLUGIN_WAIT_S
     plugin = worker.plugins.get(PLUGIN_NAME)
+    while not isinstance(plugin, HeldTrialPlugin) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        plugin = worker.plugins.get(PLUGIN_NAME)
     if not isinstance(plugin, HeldTrialPlugin):
         raise RuntimeError(
             f"worker {worker.address} has no {PLUGIN_NAME!r} plugin: connect through "

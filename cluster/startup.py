@@ -31,9 +31,12 @@ from distributed.utils import get_mp_context
 from cluster import warm_forkserver
 from cluster.devices import gpu_count, gpu_groups
 from cluster.environment import EXPECTED_WORKERS_ENV, SCHEDULER_ENV, accepts
-from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin
-from cluster.job_slots import register_job_queue
-from cluster.worker_deaths import DEATHS_PLUGIN_NAME, DeathRecorder
+from cluster.reconnect import (
+    CLIENT_SEND_INTERVAL_S,
+    outlive_scheduler_restarts,
+    register_plugins,
+    send_promptly,
+)
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
 from det_tasks.errors import ConfigError
 
@@ -58,14 +61,15 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
     if address:
         _raise_if_it_failed_to_start(address)
         with Client(address, set_as_default=True) as client:
+            outlive_scheduler_restarts(client)  # a stack's scheduler may restart under it
             _wait_for_workers(client, int(os.environ.get(EXPECTED_WORKERS_ENV, "1")))
-            _register(client)
+            register_plugins(client)
             yield client
         return
     n_workers = workers_that_fit(n_workers)
     with embedded_cluster(n_workers, gpu_slots) as cluster, Client(cluster) as client:
         _wait_for_workers(client, n_workers)
-        _register(client)
+        register_plugins(client)
         yield client
 
 
@@ -109,34 +113,6 @@ def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
             f"within {timeout_s:.0f} s: start workers with `dask worker ADDRESS --nthreads 1` "
             f"(or unset {SCHEDULER_ENV} to run an embedded cluster)"
         ) from None
-
-
-def _register(client: Client) -> None:
-    """Install what the flows need on the cluster's workers, Nannies and scheduler: once
-    per cluster (every plugin is idempotent), never replacing what other experiments' trials
-    use (the scheduler's job queue included)."""
-    send_promptly(client)
-    client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
-    client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
-    try:
-        register_job_queue(client)
-    except Exception as err:  # a scheduler without this package: the flow says it does without
-        logging.getLogger(__name__).debug("job queue: not installed on the scheduler (%s)", err)
-
-
-# distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed
-# BatchedSend interval): a step submitted within 10 ms of the previous step's release, as a
-# trial's validate and checkpoint are, waited out the rest. bench/dask_round_trip.py: a
-# step's submit-to-result 6.2 ms at 10 ms, 4.6 ms at 1 ms (median of 3, 2-core VM).
-CLIENT_SEND_INTERVAL_S = 0.001
-
-
-def send_promptly(client: Client) -> None:
-    """Shorten ``client``'s batching interval to CLIENT_SEND_INTERVAL_S (a reconnected
-    client gets distributed's default again)."""
-    comm = getattr(client, "scheduler_comm", None)
-    if comm is not None and hasattr(comm, "interval"):
-        comm.interval = CLIENT_SEND_INTERVAL_S
 
 
 def _warm_forkserver() -> None:

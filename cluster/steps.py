@@ -18,6 +18,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Scheduler, default_client, wait
 
 from cluster.held_trials import StepRequest, StepResult, exit_soon, run_step
+from cluster.reconnect import SCHEDULER_AWAY_S, reinstall_after_reconnect
 from cluster.stop_requests import stop_requested
 from cluster.worker_calls import preempt_trial, release_all, request_stop
 from cluster.worker_deaths import explain_death
@@ -59,11 +60,13 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
     its ``no-worker`` state even when other workers are idle (its scheduler's
     bulk_schedule_unrunnable_after_adding_worker ignores loose restrictions), so such a
     step is resubmitted unpinned; a step that no worker can take for STRANDED_AFTER_S fails
-    with StepStranded instead of hanging the experiment."""
+    with StepStranded instead of hanging the experiment (a cluster with no worker at all is
+    given SCHEDULER_AWAY_S to get them back). A step cancelled because the scheduler was
+    lost is run again once the client has reconnected and the plugins are back."""
     client = default_client()
     future = _submit(client, request, worker, gpus)
     done = _done_event(future)
-    stranded_since: float | None = None
+    stranding = _Stranding()
     cancelled = 0
     try:
         while True:
@@ -84,12 +87,18 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                     future.exception(),
                 )
                 future.release()
+                # Its scheduler may have restarted: it and its workers then lack the
+                # plugins the step needs (waits for the reconnection, up to a limit).
+                reinstall_after_reconnect(client, _address(client))
                 future = _submit(client, request, None, gpus)
                 done = _done_event(future)
                 continue
-            state, restrictions = _task_state(client, future.key)
+            try:
+                state, restrictions, workers = _task_state(client, future.key)
+            except OSError:  # the scheduler is away: its reconnection cancels the step
+                continue
             if state != "no-worker":
-                stranded_since = None
+                stranding.clear()
                 continue
             if restrictions:  # pinned to a worker that is gone: any worker may restore it
                 future.cancel()
@@ -97,9 +106,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                 future = _submit(client, request, None, gpus)
                 done = _done_event(future)
                 continue
-            now = time.monotonic()
-            stranded_since = stranded_since or now
-            if now - stranded_since >= STRANDED_AFTER_S:
+            if stranding.overdue(workers):
                 future.cancel()
                 raise _stranded(client, request, gpus)
     finally:
@@ -107,6 +114,28 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
         # future until the next garbage collection) is "lost" when its worker is recycled,
         # and Dask would recompute the step outside the flow, rebuilding a finished trial.
         future.release()
+
+
+class _Stranding:
+    """How long a step has waited in ``no-worker``: STRANDED_AFTER_S is allowed while the
+    cluster has workers (none of them can run it: a missing resource or pool),
+    SCHEDULER_AWAY_S while it has none at all (they are coming back: a restarted
+    scheduler's, under their supervisor). The clock starts again when either turns into
+    the other, so workers back after a long absence do not find their step overdue."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.workerless = False
+
+    def clear(self) -> None:
+        self.since = None
+
+    def overdue(self, workers: int) -> bool:
+        now = time.monotonic()
+        if self.since is None or self.workerless != (workers == 0):
+            self.since, self.workerless = now, workers == 0
+        limit = SCHEDULER_AWAY_S if self.workerless else STRANDED_AFTER_S
+        return now - self.since >= limit
 
 
 def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
@@ -203,17 +232,23 @@ def workers_running(client: Client, experiment_key: str | None, trial_id: int) -
     return list(client.run_on_scheduler(look, prefix=prefix))
 
 
-def _task_state(client: Client, key: str) -> tuple[str | None, list[str]]:
-    """The scheduler's state of task ``key`` and its worker restrictions."""
+def _task_state(client: Client, key: str) -> tuple[str | None, list[str], int]:
+    """The scheduler's state of task ``key``, its worker restrictions, and how many workers
+    the cluster has."""
 
-    def look(dask_scheduler: Scheduler, key: str) -> tuple[str | None, list[str]]:
+    def look(dask_scheduler: Scheduler, key: str) -> tuple[str | None, list[str], int]:
         ts = dask_scheduler.tasks.get(key)
+        workers = len(dask_scheduler.workers)
         if ts is None:
-            return None, []
-        return ts.state, sorted(ts.worker_restrictions or ())
+            return None, [], workers
+        return ts.state, sorted(ts.worker_restrictions or ()), workers
 
-    state, restrictions = client.run_on_scheduler(look, key=key)
-    return state, list(restrictions)
+    state, restrictions, workers = client.run_on_scheduler(look, key=key)
+    return state, list(restrictions), int(workers)
+
+
+def _address(client: Client) -> str:
+    return str(getattr(client.scheduler, "address", None) or "the flow's scheduler")
 
 
 def stop_everywhere(client: Client, experiment_key: str, mode: str) -> int:

@@ -4,8 +4,11 @@ their trials on (``DET_TASKS_DASK_SCHEDULER`` in the stack's env points flows at
 Workers are started with Dask's own CLI (``dask worker``), one step at a time each (their
 trials train on the host's cores shared out, ``DET_TASKS_WORKER_THREADS``), under a Nanny
 (it restarts a killed or recycled worker), importing torch, the harness and the MLflow/S3
-clients once at start (``--preload cluster.held_trials``). ``worker_service`` also serves a worker
-on another machine: give it that machine's working directory and environment.
+clients once at start (``--preload cluster.held_trials``). Each runs under
+``infra.supervise``, which starts it again when it closes: a Dask worker closes for good
+when its scheduler goes away, and the cluster must come back when the scheduler does.
+``worker_service`` also serves a worker on another machine: give it that machine's working
+directory and environment.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ def worker_service(
     folder.mkdir(parents=True, exist_ok=True)
     own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
     argv = [
+        # Under a supervisor: a worker closes for good when it loses its scheduler (a
+        # restart, its host lost), and must come back by itself once it answers again.
+        sys.executable, "-m", "infra.supervise", name, "--",
         sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
         "--name", name, "--nthreads", "1", "--nworkers", "1",
         # No Dask memory limit: a worker past 80% of one is paused (see cluster.startup).

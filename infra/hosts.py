@@ -1,5 +1,7 @@
 """Many hosts on one machine, for tests and for trying scale-out: ``python -m infra.hosts
-up|down|status`` (as root), or ``running(config)`` in a test fixture.
+up|down|status|heal`` (as root), or ``running(config)`` in a test fixture. ``heal`` brings
+back what was lost (a host's worker, a cut link, a stopped service) and changes nothing
+that runs.
 
 Host 0 (this namespace, the bridge's address) runs the stack (infra/stack.py: SeaweedFS,
 MLflow, Prefect server and worker, the Dask scheduler) bound to and advertising that address,
@@ -38,6 +40,8 @@ __all__ = [
     "Hosts",
     "HostsConfig",
     "down",
+    "heal",
+    "heal_lines",
     "main",
     "running",
     "status_lines",
@@ -218,6 +222,27 @@ def _signals_as_exit() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def heal(config: HostsConfig) -> tuple[list[int], bool]:
+    """Bring a running cluster back whole, idempotently: the stack's services that are down
+    (the Dask scheduler among them) started again, every link up, every host's worker
+    running. Returns the hosts whose worker it started, and whether the stack was whole."""
+    whole = all(state == "up" for _, state in stack.service_states(config.stack))
+    if not whole:
+        stack.up(config.stack)
+    return Hosts(config, stack.env_for(config.stack)).heal(), whole
+
+
+def heal_lines(healed: tuple[list[int], bool]) -> str:
+    hosts, whole = healed
+    started = ", ".join(f"host {h}" for h in hosts)
+    return "; ".join(
+        [
+            "services: all were up" if whole else "services: the ones that were down started",
+            f"workers started on {started}" if hosts else "workers: all were up",
+        ]
+    )
+
+
 def status_lines(config: HostsConfig) -> list[str]:
     """Each host with its address, hostname and whether its worker is up; the stack's
     services; what of the network exists."""
@@ -237,7 +262,7 @@ def status_lines(config: HostsConfig) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.hosts", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "heal"])
     args = parser.parse_args(argv)
     try:
         config = HostsConfig.from_env()
@@ -247,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_up(hosts)
         elif args.command == "down":
             down(config)
+        elif args.command == "heal":
+            print(heal_lines(heal(config)))
         else:
             print("\n".join(status_lines(config)))
     except (NetnsError, ServiceError, ValueError) as err:

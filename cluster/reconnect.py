@@ -1,0 +1,109 @@
+"""What the flow's Dask client needs on the cluster, and getting it back after the
+scheduler restarts under a running experiment.
+
+A restarted scheduler knows nothing of what the flows registered (the held-trial and
+death-record plugins, the job queue), and its workers, started again by their supervisor
+(``infra.supervise``), have none of it. The client reconnects on its own (distributed
+retries for the client's ``timeout``); the first step that finds its future cancelled by
+the lost connection calls ``reinstall_after_reconnect`` before it is run again, so every
+worker has the plugins before any step reaches it. A scheduler away longer than
+SCHEDULER_AWAY_S ends the experiment with a line that says so; it can be continued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from distributed import Client, Scheduler
+
+from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin
+from cluster.job_slots import register_job_queue
+from cluster.worker_deaths import DEATHS_PLUGIN_NAME, DeathRecorder
+
+__all__ = [
+    "SCHEDULER_AWAY_S",
+    "SchedulerLost",
+    "outlive_scheduler_restarts",
+    "register_plugins",
+    "reinstall_after_reconnect",
+]
+
+_logger = logging.getLogger(__name__)
+
+# How long a flow waits for its scheduler to come back (a restart, its host brought back).
+SCHEDULER_AWAY_S = 600.0
+# distributed's Client sends to its scheduler in batches at most every 10 ms (a fixed
+# BatchedSend interval): a step submitted within 10 ms of the previous step's release, as a
+# trial's validate and checkpoint are, waited out the rest. bench/dask_round_trip.py: a
+# step's submit-to-result 6.2 ms at 10 ms, 4.6 ms at 1 ms (median of 3, 2-core VM).
+CLIENT_SEND_INTERVAL_S = 0.001
+
+# One re-installation at a time in this process: two trials' steps cancelled together
+# would otherwise both find the plugin missing and register it twice, and a second
+# registration replaces the first on every worker (tearing down what it holds).
+_REINSTALLING = threading.Lock()
+
+
+class SchedulerLost(RuntimeError):
+    """The flow's scheduler did not come back within SCHEDULER_AWAY_S."""
+
+
+def register_plugins(client: Client) -> None:
+    """Install what the flows need on the cluster's workers, Nannies and scheduler: once
+    per cluster (every plugin is idempotent), never replacing what other experiments' trials
+    use (the scheduler's job queue included)."""
+    send_promptly(client)
+    client.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
+    client.register_plugin(DeathRecorder(), name=DEATHS_PLUGIN_NAME)
+    try:
+        register_job_queue(client)
+    except Exception as err:  # a scheduler without this package: the flow says it does without
+        _logger.debug("job queue: not installed on the scheduler (%s)", err)
+
+
+def send_promptly(client: Client) -> None:
+    """Shorten ``client``'s batching interval to CLIENT_SEND_INTERVAL_S (a reconnected
+    client gets distributed's default again)."""
+    comm = getattr(client, "scheduler_comm", None)
+    if comm is not None and hasattr(comm, "interval"):
+        comm.interval = CLIENT_SEND_INTERVAL_S
+
+
+def outlive_scheduler_restarts(client: Client) -> None:
+    """Let ``client`` reconnect for SCHEDULER_AWAY_S after losing its scheduler. distributed
+    retries for the client's connect timeout (30 s by default), which is also how long a
+    first connection may take; a restart of the scheduler's host takes longer, while a
+    wrong address should still fail within those 30 s. So the retry window is set once
+    connected (distributed keeps it on the client as ``_timeout``)."""
+    if hasattr(client, "_timeout"):
+        client._timeout = SCHEDULER_AWAY_S
+
+
+def reinstall_after_reconnect(client: Client, address: str) -> None:
+    """Wait until ``client`` is connected to its scheduler again, then register the plugins
+    if that scheduler lacks them (it restarted). Raises SchedulerLost if the client gave up."""
+    deadline = time.monotonic() + SCHEDULER_AWAY_S + 5
+    while client.status != "running":
+        if client.status in ("closing", "closed") or time.monotonic() > deadline:
+            raise SchedulerLost(
+                f"the Dask scheduler at {address} was away for more than "
+                f"{SCHEDULER_AWAY_S:.0f} s: start it again (python -m infra.stack up), then "
+                "continue the experiment from its newest checkpoint (det experiment continue "
+                "ID, or the --activate line the flow printed)"
+            )
+        time.sleep(0.2)
+    with _REINSTALLING:
+        if not client.run_on_scheduler(_has_held_trials):
+            _logger.warning(
+                "the Dask scheduler at %s restarted: installing the platform's plugins again",
+                address,
+            )
+            register_plugins(client)
+        else:
+            send_promptly(client)
+
+
+def _has_held_trials(dask_scheduler: Scheduler) -> bool:
+    return PLUGIN_NAME in dask_scheduler.worker_plugins

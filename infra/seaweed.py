@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from infra.services import Service, ServiceError, http_ok, kept_secrets, port_open
@@ -45,50 +47,69 @@ def _weed_binary() -> str:
 
 
 def seaweed_service(config: StackConfig) -> Service:
+    """SeaweedFS as four processes (master, volume server, filer, S3 gateway) under
+    one process group, each socket it listens on under the stack's own folder.
+
+    ``weed server`` (one process for all four) also listens on Unix sockets at fixed paths
+    in /tmp named only by port (``seaweedfs-{master,volume,filer,s3}-grpc-<port>.sock``),
+    and its parts prefer them to TCP: two stacks on the same ports in two network
+    namespaces (or containers sharing /tmp) then read and write each other's data. The
+    separate commands open no such socket, and the filer's and the S3 gateway's own
+    sockets (``-localSocket``, ``-s3.localSocket``) are given paths relative to the
+    service's folder (relative: a Unix socket's path is capped at 108 bytes)."""
     s3_credentials(config)
     data = config.root / "seaweed"
     data.mkdir(parents=True, exist_ok=True)
-    argv = [
-        _weed_binary(),
-        "server",
-        f"-dir={data}",
-        f"-ip={config.host}",
-        f"-ip.bind={config.host}",
-        f"-master.port={config.master_port}",
-        f"-master.port.grpc={config.master_port + config.seaweed_grpc_shift}",
-        f"-volume.port={config.volume_port}",
-        f"-volume.port.grpc={config.volume_port + config.seaweed_grpc_shift}",
-        f"-filer.port={config.filer_port}",
-        f"-filer.port.grpc={config.filer_port + config.seaweed_grpc_shift}",
-        "-s3",
-        f"-s3.port={config.s3_port}",
-        f"-s3.port.grpc={config.s3_port + config.seaweed_grpc_shift}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={config.root / 's3-identities.json'}",
-        "-master.volumeSizeLimitMB=1024",
-        "-volume.max=0",
-        # The volume server's pre-stop wait lets a master route traffic elsewhere: with one
-        # node there is nowhere else, and every stop paid 10 s of it, then 10 more to KILL.
-        "-volume.preStopSeconds=0",
-    ]
+    # One process group, one service: when any part exits the rest are ended (`kill 0`),
+    # so the service is down as a whole and starts again as a whole.
+    script = "\n".join(
+        [*(shlex.join(argv) + " &" for argv in _weed_commands(config, data)), "wait -n", "kill 0"]
+    )
     # An unsigned request is refused (403) once identities are configured: that is healthy.
     return Service(
         "seaweedfs",
-        argv,
+        ["bash", "-c", script],
         lambda: http_ok(config.s3_endpoint, expect_status=None) and _s3_ready(config),
         config.root,
+        cwd=data,
         start_timeout_s=90,
         # On TERM the filer stops listening at once, then waits a fixed 15 s for metadata
-        # streams that never end (its own aggregator's and the S3 gateway's subscriptions)
-        # before the volume server's stop even begins: a wait that writes nothing. So the
-        # stop KILLs it once the filer is closed (the stack stops every S3 client first, so
-        # no request is in flight), and after 5 s at the latest. KILL loses nothing
+        # streams that never end (its own aggregator's and the S3 gateway's subscriptions):
+        # a wait that writes nothing. So the stop KILLs it once the filer is closed (the
+        # stack stops every S3 client first, so no request is in flight), and after 5 s at
+        # the latest. KILL loses nothing
         # acknowledged: written bytes are in the kernel by then (the fault matrix SIGKILLs
         # this server mid-experiment and checks every byte).
         stop_timeout_s=5,
         stop_done=lambda: not _filer_listening(config),
     )
+
+
+def _weed_commands(config: StackConfig, data: Path) -> list[list[str]]:
+    """The master, the volume server, the filer and the S3 gateway, on the stack's ports,
+    with the state layout ``weed server -dir=DATA`` uses (one folder)."""
+    weed, host, shift = _weed_binary(), config.host, config.seaweed_grpc_shift
+    bind = [f"-ip={host}", f"-ip.bind={host}"]
+    master = f"{host}:{config.master_port}.{config.master_port + shift}"
+    return [
+        [weed, "master", *bind, f"-mdir={data}", f"-port={config.master_port}",
+         f"-port.grpc={config.master_port + shift}", "-volumeSizeLimitMB=1024",
+         "-telemetry=false"],
+        [weed, "volume", *bind, f"-dir={data}", f"-port={config.volume_port}",
+         f"-port.grpc={config.volume_port + shift}", f"-master={master}", "-max=0",
+         # The pre-stop wait lets a master route traffic elsewhere: with one node there
+         # is nowhere else, and every stop paid 10 s of it, then 10 more to KILL.
+         "-preStopSeconds=0"],
+        [weed, "filer", *bind, f"-defaultStoreDir={data}", f"-port={config.filer_port}",
+         f"-port.grpc={config.filer_port + shift}", f"-master={master}",
+         "-localSocket=filer.sock"],
+        # Its own process: `filer -s3` hands the gateway the filer's gRPC address as HTTP
+        # port + 10000 whatever -port.grpc says.
+        [weed, "s3", *bind, f"-filer={host}:{config.filer_port}.{config.filer_port + shift}",
+         "-localFilerSocket=filer.sock", f"-port={config.s3_port}",
+         f"-port.grpc={config.s3_port + shift}", "-port.iceberg=0", "-port.lance=0",
+         "-localSocket=s3.sock", f"-config={config.root / 's3-identities.json'}"],
+    ]  # fmt: skip
 
 
 def _filer_listening(config: StackConfig) -> bool:

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from infra import netns
 from infra.seaweed import ensure_bucket, seaweed_service
 from infra.services import stop

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from det_cli.continue_verb import register_continue
 from det_cli.ids import experiment_run, short_id
 from det_cli.job_verbs import register_set_attributes
 from det_cli.submission import EXPERIMENT_DEPLOYMENT, FINAL_STATES, submit_options
@@ -28,8 +29,6 @@ LIFECYCLE_VERBS = {
 }
 
 UNSUPPORTED = {
-    "continue": "to resume a paused experiment use `det experiment activate ID`; to train "
-    "longer, `det experiment create` again with a larger searcher.max_length",
     "archive": "MLflow has no archive; `det experiment delete ID` soft-deletes its runs "
     "(restorable in MLflow until `mlflow gc`)",
     "unarchive": "MLflow has no archive; restore deleted runs with MlflowClient.restore_run",
@@ -72,6 +71,7 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     p.set_defaults(func=cmd_logs)
     _register_create(verbs)
+    register_continue(verbs)
     for verb, (function, aliases, text) in LIFECYCLE_VERBS.items():
         p = verbs.add_parser(verb, aliases=list(aliases), help=text)
         _id(p)
@@ -165,15 +165,36 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from det_cli.submission import cmd_experiment_list
+    """Determined's list, after settling the listed experiments whose flow is gone: a
+    stopped stack left their flow runs Running (they show ERROR, not ACTIVE)."""
+    from det_cli.submission import cmd_experiment_list, experiment_runs
+    from flows.lifecycle import DEAD_HOLDER, settle_dead_holders
+    from registry.cli import tracking_reader_from_env
 
+    for key in settle_dead_holders(tracking_reader_from_env(), experiment_runs(args.limit)):
+        print(
+            f"experiment {short_id(key)}: {DEAD_HOLDER}; its flow run is Crashed now",
+            file=sys.stderr,
+        )
     return cmd_experiment_list(args, shown_id=short_id)
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    """Determined's describe, after settling an experiment whose flow is gone (its flow run
+    Crashed, as MLflow already says); ends with how to continue it, where it can be."""
+    from det_cli.continue_verb import continue_hint
     from det_cli.submission import cmd_experiment_describe
+    from flows.lifecycle import settle_dead_holders
+    from flows.prefect_rest import read_flow_run
+    from registry.cli import tracking_reader_from_env
 
-    return cmd_experiment_describe(args, shown_id=short_id)
+    reader = tracking_reader_from_env()
+    settle_dead_holders(reader, [experiment_run(args.id)])
+    code = cmd_experiment_describe(args, shown_id=short_id)
+    hint = continue_hint(reader, read_flow_run(experiment_run(args.id).id))
+    if hint:
+        print(hint)
+    return code
 
 
 def _view(run: Any) -> Any:

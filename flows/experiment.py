@@ -25,14 +25,15 @@ from typing import Any, NoReturn
 from flows.embedded import EmbeddedPrefectServer, WarmServices, attach_warm_services
 
 
-def _split_activate(args: list[str]) -> tuple[list[str], str | None]:
-    """``CONFIG [key=value ...]`` without ``--activate KEY``, and KEY (ValueError: no KEY)."""
+def _split_activate(args: list[str], flag: str = "--activate") -> tuple[list[str], str | None]:
+    """``CONFIG [key=value ...]`` without ``--activate KEY`` (or ``flag KEY``), and KEY
+    (ValueError: no KEY)."""
     args = list(args)
-    if "--activate" not in args:
+    if flag not in args:
         return args, None
-    at = args.index("--activate")
+    at = args.index(flag)
     if at + 1 >= len(args):
-        raise ValueError("--activate needs the experiment key it printed")
+        raise ValueError(f"{flag} needs the experiment key it printed")
     key = args.pop(at + 1)
     args.pop(at)
     return args, key
@@ -55,10 +56,18 @@ def _check_command_line(args: list[str]) -> _CommandLine:
     from det_tasks.runner.trial_setup import load_raw_config
 
     args, key = _split_activate(args)
+    args, continued = _split_activate(args, "--continue")
+    if key is not None and continued is not None:
+        raise ValueError("give --activate KEY or --continue KEY, not both")
     config_path = Path(args[0]).resolve()
-    _, cfg = load_raw_config(config_path, args[1:])
+    raw, cfg = load_raw_config(config_path, args[1:])
     check_entrypoint(cfg, config_path.parent)
-    if key is not None:  # only an experiment that stopped short continues
+    if continued is not None:  # Determined's continue: back to PAUSED, then activated
+        from registry.continuation import continue_in_store
+
+        print(continue_in_store(cfg.name or config_path.stem, continued, raw, cfg), file=sys.stderr)
+        key = continued
+    elif key is not None:  # only an experiment that stopped short continues
         from registry.activation import check_activation
 
         check_activation(cfg.name or config_path.stem, key)
@@ -125,6 +134,7 @@ from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.job_settings import check_pool, job_settings
+from flows.lifecycle import continue_lines
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable, searcher_batches
@@ -223,6 +233,9 @@ def _run_experiment(
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
+    command = None if _has_deployment() else (config_path, overrides)
+    for line in continue_lines(mlflow, runs.experiment_id, run_key, command):
+        logger.warning(line)  # a relaunch starts afresh (Determined's create) and says so
     activated = runs.reopen(runs.parent_run_id)  # an activated experiment runs again
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
@@ -475,7 +488,8 @@ def main(
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
-            "usage: python -m flows.experiment CONFIG [key=value ...] [--activate KEY]",
+            "usage: python -m flows.experiment CONFIG [key=value ...] "
+            "[--activate KEY | --continue KEY]",
             file=sys.stderr,
         )
         return 2

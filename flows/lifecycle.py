@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import uuid
+from pathlib import Path
+from typing import Any
 
 from cluster.environment import SCHEDULER_ENV, stack_scheduler
 from cluster.job_requests import forget_job
@@ -27,7 +30,16 @@ from det_tasks.errors import DetTasksError
 from flows import prefect_rest
 from flows.prefect_rest import FlowRun
 
-__all__ = ["activate", "cancel", "kill", "pause"]
+__all__ = [
+    "activate",
+    "cancel",
+    "kill",
+    "pause",
+    "continue_lines",
+    "reschedule",
+    "settle_dead_flow_run",
+    "settle_dead_holders",
+]
 
 # Prefect's state types, as its REST API spells them.
 _ACTIVE = {"RUNNING", "PENDING", "SCHEDULED"}
@@ -46,8 +58,12 @@ def pause(experiment_key: str) -> str:
 
 
 def activate(experiment_key: str) -> str:
-    """Continue a paused experiment where it stopped; one line."""
+    """Continue a paused experiment where it stopped, or one whose flow died (its flow run
+    settled Crashed, its MLflow runs ORPHANED: the flow run runs again); one line."""
     run = _flow_run(experiment_key)
+    if run.state == "CRASHED" and _orphaned_in_mlflow(experiment_key):
+        reschedule(run.id, f"experiment {experiment_key[:8]} activated after its flow died")
+        return f"Activated experiment {experiment_key[:8]} (its flow had died: it runs again)"
     if run.state != "PAUSED":
         from registry.activation import already_active, not_activatable
 
@@ -131,3 +147,98 @@ def _request(experiment_key: str, mode: str) -> None:
         before = request_stop_at(address, experiment_key, mode)
     if before == mode:
         raise DetTasksError(f"experiment {experiment_key[:8]}: {mode} was already requested")
+
+
+# ---- a holder that died (make down, a SIGKILLed flow, a lost host) ----------------------
+DEAD_HOLDER = (
+    "its flow stopped without a word (a stopped stack, a killed process or a lost host); "
+    "its MLflow runs are ORPHANED"
+)
+
+
+def reschedule(flow_run_id: uuid.UUID | str, message: str) -> None:
+    """Run a finished deployment flow run again (Prefect's own Retry: AwaitingRetry): the
+    worker starts it with its parameters, under the same id, so the same experiment key."""
+    answer = prefect_rest.set_flow_run_state(
+        flow_run_id, "SCHEDULED", "AwaitingRetry", message, force=True
+    )
+    if answer and answer != "ACCEPT":
+        raise DetTasksError(
+            f"the Prefect server did not schedule flow run {flow_run_id} again ({answer})"
+        )
+
+
+def settle_dead_flow_run(experiment_key: str, why: str = DEAD_HOLDER) -> bool:
+    """End the Prefect flow run of an experiment whose flow is known gone (Crashed, which
+    ``det`` shows as ERROR), so Prefect agrees with MLflow; True when it was still active.
+    Quiet where there is no flow run of that id (an embedded run's server is gone)."""
+    try:
+        run = _flow_run(experiment_key)
+    except DetTasksError:
+        return False
+    if run.state not in _ACTIVE and run.state != "CANCELLING":
+        return False
+    prefect_rest.set_flow_run_state(run.id, "CRASHED", "Crashed", why, force=True)
+    return True
+
+
+def settle_dead_holders(reader: Any, runs: list[FlowRun]) -> list[str]:
+    """``det experiment list/describe``: every active flow run among ``runs`` whose MLflow
+    parent says its flow is gone (ORPHANED, or RUNNING with a stale heartbeat or a dead
+    process) is ended Crashed; returns their keys. MLflow's side is ended first."""
+    from registry.experiment_view import find_parent
+    from registry.run_records import STATE_TAG, orphaned
+
+    settled = []
+    for run in runs:
+        if run.state not in _ACTIVE and run.state != "CANCELLING":
+            continue
+        found = find_parent(reader, str(run.id))
+        if found is None:
+            continue
+        parent = found[0]
+        running = parent.info.status == "RUNNING"
+        if running and orphaned(parent):
+            from registry.cli import end_orphans_seen
+
+            end_orphans_seen(reader)
+        elif running or parent.data.tags.get(STATE_TAG) != "ORPHANED":
+            continue
+        if settle_dead_flow_run(str(run.id)):
+            settled.append(str(run.id))
+    return settled
+
+
+def _orphaned_in_mlflow(experiment_key: str) -> bool:
+    from registry.cli import tracking_reader_from_env
+    from registry.experiment_view import find_parent
+    from registry.run_records import STATE_TAG
+
+    found = find_parent(tracking_reader_from_env(), experiment_key)
+    return found is not None and found[0].data.tags.get(STATE_TAG) == "ORPHANED"
+
+
+def continue_lines(
+    client: Any, experiment_id: str, run_key: str, command: tuple[Path, list[str]] | None
+) -> list[str]:
+    """What a new run of an experiment's config says about earlier runs of it whose flow
+    died (found by registry.run_states.stopped_short): where each stopped and the exact
+    command that continues it. ``command``: the config and overrides this run was started
+    with (``python -m flows.experiment``), None on the stack (``det``). Their Prefect flow
+    runs, where this server has them, are settled Crashed on the way."""
+    from registry.run_states import stopped_short
+
+    lines = []
+    for key, batch in stopped_short(client, experiment_id, run_key):
+        with contextlib.suppress(Exception):  # an embedded run's server may be long gone
+            settle_dead_flow_run(key)
+        if command is None:
+            how = f"det experiment activate {key[:8]}"
+        else:
+            typed = shlex.join([str(command[0]), *command[1]])
+            how = f"python -m flows.experiment {typed} --activate {key}"
+        lines.append(
+            f"experiment {key[:8]} of this config stopped at batch {batch} without finishing; "
+            f"continue it with: {how}"
+        )
+    return lines

@@ -34,6 +34,7 @@ __all__ = [
     "read_flow_run",
     "resume_flow_run",
     "set_flow_run_state",
+    "update_flow_run_parameters",
     "ui_url",
 ]
 
@@ -211,6 +212,11 @@ def set_flow_run_state(
     body = {"state": {"type": state_type, "name": name, "message": message}, "force": force}
     result = _request("POST", f"/flow_runs/{flow_run_id}/set_state", body)
     return str((result or {}).get("status", ""))
+
+
+def update_flow_run_parameters(flow_run_id: uuid.UUID | str, parameters: dict[str, Any]) -> None:
+    """Replace a flow run's parameters (what its next run, a resume or a retry, gets)."""
+    _request("PATCH", f"/flow_runs/{flow_run_id}", {"parameters": parameters})
 
 
 def resume_flow_run(flow_run_id: uuid.UUID | str) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "heartbeat",
     "record_failure",
     "mark_experiment_state",
+    "stopped_short",
     "this_process",
 ]
 
@@ -166,3 +167,29 @@ def mark_experiment_state(experiment_key: str, state: str) -> int:
                     client.set_terminated(run.info.run_id, status="KILLED")
                 marked += 1
     return marked
+
+
+def stopped_short(client: Any, experiment_id: str, keep_key: str) -> list[tuple[str, int]]:
+    """The experiment runs of MLflow experiment ``experiment_id`` whose flow died (ORPHANED)
+    and that nobody has continued since, newest first, each with the furthest batch one of
+    its trials reached: what the next run of the same command tells the user about.
+    ``keep_key``: the run asking (never itself)."""
+    parents = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{STATE_TAG}` = 'ORPHANED' and tags.`{HEARTBEAT_TAG}` != ''",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    found = []
+    for parent in parents:
+        key = parent.data.tags.get(EXPERIMENT_RUN_TAG)
+        if not key or key == keep_key:
+            continue
+        trials = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+            max_results=10000,
+        )
+        reached = [int(t.data.metrics.get("progress/batches", 0)) for t in trials]
+        found.append((key, max(reached, default=0)))
+    return found

@@ -14,11 +14,13 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from det_tasks import plugins
 from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
 from det_tasks.loader_failures import loader_worker_death, worker_traceback
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.runner.stop_signals import SignalStop, StoppedAtOnce, StopSignals, resume_command
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 
 __all__ = ["main"]
@@ -134,27 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             return _check_config(Path(args.config), args.model_dir)
         from det_tasks.runner import worker_group
-        from det_tasks.runner.in_process import run_trial
 
         _checked_device(args.device)
         if not worker_group.inside_worker_group():
             workers = _start_workers(args, argv)
             if workers is not None:
                 return workers
-        result = run_trial(
-            args.config,
-            args.model_dir,
-            overrides=args.param,
-            test_mode=args.test,
-            checkpoint_dir=args.checkpoint_dir,
-            latest_checkpoint=args.resume,
-            device=args.device,
-            progress=not args.no_progress,
-            hparams=json.loads(args.hparams) if args.hparams else None,
-            max_batches=args.max_batches,
-            trial_id=args.trial_id,
-            experiment_run_key=args.experiment_run,
-        )
+        result = _train_in_process(args)
+    except (SignalStop, StoppedAtOnce) as stopped:  # SIGHUP, SIGTERM
+        return _report_signal_stop(stopped, sys.argv[1:] if argv is None else argv)
     except DetTasksError as err:
         where = _user_code_location(err)
         print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr)
@@ -225,6 +215,51 @@ def _check_config(config_path: Path, model_dir: str | None) -> int:
     kind = f"script {entry}" if isinstance(entry, Path) else f"trial class {entry.__qualname__}"
     print(f"ok: entrypoint {config.entrypoint!r} loads ({kind})", file=sys.stderr)
     return 0
+
+
+def _train_in_process(args: argparse.Namespace) -> Any:
+    """``run_trial`` of the command line, stopping at a batch boundary (with a checkpoint)
+    on SIGHUP and SIGTERM (det_tasks.runner.stop_signals)."""
+    from det_tasks.runner.in_process import run_trial
+
+    stop = StopSignals()
+    with stop.handled():
+        return run_trial(
+            args.config,
+            args.model_dir,
+            overrides=args.param,
+            test_mode=args.test,
+            checkpoint_dir=args.checkpoint_dir,
+            latest_checkpoint=args.resume,
+            device=args.device,
+            progress=not args.no_progress,
+            hparams=json.loads(args.hparams) if args.hparams else None,
+            max_batches=args.max_batches,
+            trial_id=args.trial_id,
+            experiment_run_key=args.experiment_run,
+            stop_signals=stop,
+        )
+
+
+def _report_signal_stop(stopped: SignalStop | StoppedAtOnce, argv: Sequence[str]) -> int:
+    """The run stopped on SIGHUP/SIGTERM: where, and how to continue (128 + the signal)."""
+    name = signal.Signals(stopped.signum).name
+    if isinstance(stopped, StoppedAtOnce):
+        _say(f"stopped at once by {name}: no checkpoint at the stop")
+        return 128 + stopped.signum
+    if stopped.reference is None:
+        _say(f"stopped by {name} at batch {stopped.batches}; no checkpoint was written")
+    else:
+        _say(
+            f"stopped by {name} at batch {stopped.batches}, checkpoint {stopped.reference}; "
+            f"continue with: {resume_command(argv, stopped.reference)}"
+        )
+    return stopped.exit_code
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) cannot be written to
+        print(text, file=sys.stderr, flush=True)
 
 
 def _user_code_location(err: BaseException) -> str | None:

@@ -36,6 +36,9 @@ PARSES = [
     (["e", "cancel", EXP], "cmd_lifecycle"),
     (["e", "kill", EXP], "cmd_lifecycle"),
     (["e", "wait", EXP, "--polling-interval", "1"], "cmd_wait"),
+    (["e", "continue", EXP], "cmd_continue"),
+    (["e", "continue", EXP, "--config", "searcher.max_length.batches=9", "-f"], "cmd_continue"),
+    (["e", "continue", EXP, "--config-file", "more.yaml"], "cmd_continue"),
     (["e", "download", EXP, "-o", "out", "--top-n", "2", "-q"], "cmd_download"),
     (["e", "set", "description", EXP, "new words"], "cmd_set_description"),
     (["e", "set", "name", EXP, "renamed"], "cmd_set_name"),
@@ -79,7 +82,6 @@ def test_parsed_values_reach_the_commands():
 UNSUPPORTED = [
     ["e", "archive", EXP],
     ["e", "unarchive", EXP],
-    ["e", "continue", EXP],
     ["e", "move", EXP, "--project-id", "3"],
     ["e", "download-model-def", EXP],
     ["e", "set", "gc-policy", EXP, "--save-trial-best", "1"],

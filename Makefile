@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install horovod check lint typecheck docs test test-slow test-gpu demo demo-local bench clean up down deploy
 
+# setuptools ends every editable install of this flat layout with an "Editable installation"
+# notice (a BuildBackendWarning that is no problem here): the install filters that one out.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -50,10 +52,11 @@ test-gpu: install
 	$(BIN)/python -m pytest -m gpu -q
 
 # The main job: start the stack (which registers the deployments), run experiment/const
-# through a real Prefect server + worker, and say where to look.
+# through a real Prefect server + worker, and say where to look. DO_NOT_TRACK: no telemetry
+# notice from Prefect's first import in a terminal (as det sets it).
 demo: install
 	$(BIN)/python -m infra.stack up
-	. .stack/env && PREFECT_HOME=$(CURDIR)/.stack/prefect $(BIN)/prefect deployment run experiment/const --watch
+	. .stack/env && PREFECT_HOME=$(CURDIR)/.stack/prefect DO_NOT_TRACK=$${DO_NOT_TRACK:-1} $(BIN)/prefect deployment run experiment/const --watch
 	. .stack/env && $(BIN)/det-tasks checkpoints mnist-const
 	@echo "Prefect UI: http://127.0.0.1:4200   MLflow UI: http://127.0.0.1:5001/#/experiments?workflowType=machine_learning   (make down to stop)"
 

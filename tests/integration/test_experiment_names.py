@@ -1,0 +1,93 @@
+"""A config without ``name:``, submitted with ``det experiment create``, is one experiment on
+the real stack: one MLflow experiment named after the file, one parent run, every run ended,
+and ``det experiment describe`` shows it. (The flow named it after the file and the worker
+after the temporary file it rewrote the config to: two MLflow experiments, each with a run
+left RUNNING, and describe showed the worker's.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infra.stack import deploy
+from registry.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG, TRIAL_TAG
+from registry.tracking import client_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def deployed(stack):
+    deploy(stack)
+    return stack
+
+
+def nameless_model(folder: Path, stem: str) -> Path:
+    """The submit tests' XOR model, its config without a name, saved as ``STEM.yaml``."""
+    model = folder / "model"
+    shutil.copytree(FIXTURES / "submit_model", model)
+    shutil.copy(FIXTURES / "flow_model" / "model_def.py", model)
+    text = (model / "const.yaml").read_text(encoding="utf-8")
+    assert text.startswith("name: submit-xor\n")
+    (model / f"{stem}.yaml").write_text(text.removeprefix("name: submit-xor\n"))
+    return model
+
+
+def test_a_nameless_config_is_one_experiment_with_one_parent_and_no_run_left_running(
+    deployed, tmp_path, capsys
+):
+    from det_cli import main as det
+    from det_cli.ids import experiment_run
+
+    stem = f"noname-{uuid.uuid4().hex[:6]}"
+    model = nameless_model(tmp_path, stem)
+    det_bin = str(Path(sys.executable).with_name("det"))
+    created = subprocess.run(
+        [det_bin, "experiment", "create", f"{stem}.yaml", "."],
+        cwd=model,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert created.returncode == 0, created.stderr[-3000:]
+    short = next(line for line in created.stdout.splitlines() if line.startswith("Created "))
+    short = short.split()[-1]
+    waited = det(["experiment", "wait", short, "--polling-interval", "1"])
+    if waited != 0:
+        det(["e", "logs", short])
+    assert waited == 0, capsys.readouterr().out[-4000:]
+    capsys.readouterr()
+    run_key = str(experiment_run(short).id)
+
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    parents = client.search_runs(
+        list(names), filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{run_key}'"
+    )
+    assert [names[p.info.experiment_id] for p in parents] == [stem]
+    (parent,) = parents
+    trials = client.search_runs(
+        list(names), filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'"
+    )
+    assert [t.data.tags[TRIAL_TAG] for t in trials] == ["1"]
+    assert {t.info.experiment_id for t in trials} == {parent.info.experiment_id}
+    assert [r.info.status for r in (parent, *trials)] == ["FINISHED", "FINISHED"]
+    # Nothing the worker made elsewhere: no run of this experiment is RUNNING anywhere.
+    running = client.search_runs(list(names), filter_string="attributes.status = 'RUNNING'")
+    assert not [r for r in running if r.data.tags.get(PARENT_TAG) == parent.info.run_id]
+    assert not any(name.startswith("config-") for name in names.values()), names
+    assert trials[0].data.metrics["progress/batches"] == 30
+
+    described = subprocess.run(
+        [det_bin, "experiment", "describe", short], capture_output=True, text=True, timeout=120
+    )
+    assert described.returncode == 0, described.stderr
+    assert f"MLflow experiment {stem!r} (id {parent.info.experiment_id}), parent run " \
+        f"{parent.info.run_id}" in described.stdout, described.stdout  # fmt: skip
+    assert trials[0].info.run_id in described.stdout

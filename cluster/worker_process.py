@@ -1,5 +1,5 @@
 """What a Dask worker process does about signals and its own end, apart from the trials it
-holds: the process group's SIGINT and SIGTERM pass it by (the flow stops trials at a batch
+holds: the process group's SIGINT, SIGTERM and SIGHUP pass it by (the flow stops trials at a batch
 boundary itself), and a worker whose trial is stuck in user code can be ended at once."""
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ _shielded_pid = 0  # the process that called shield_from_group_signals (the fork
 
 
 def shield_from_group_signals() -> None:
-    """Let SIGINT and SIGTERM pass by this worker process (and the forkserver it forks from)
-    while every process a trial starts keeps its normal reaction to them.
+    """Let SIGINT, SIGTERM and SIGHUP pass by this worker process (and the forkserver it
+    forks from) while every process a trial starts keeps its normal reaction to them.
 
-    Why: a terminal's Ctrl-C, and the SIGTERM that ``timeout``, ``kill -- -PGID``, systemd
-    and Kubernetes send, reach the whole process group, embedded workers included; the flow
+    Why: a terminal's Ctrl-C, the SIGHUP of a closed terminal or a dropped ssh session, and
+    the SIGTERM that ``timeout``, ``kill -- -PGID``, systemd and Kubernetes send, reach the
+    whole process group, embedded workers included; the flow
     decides how its trials stop (checkpoint first) and tells the workers. Dask's Nanny never
     stops a worker by SIGTERM (it asks, then SIGKILLs), and a worker whose Nanny dies exits
     by itself. Ignoring the signals (SIG_IGN) was inherited by the trial's own processes: a
@@ -35,12 +36,15 @@ def shield_from_group_signals() -> None:
     inherited it (a forked child: pool and DataLoader workers) acts as it would by default.
     A child that execs gets the default from the kernel. The worker stays in the flow's
     process group, so a SIGKILL of the group still ends every process. Only the main thread
-    can install a handler."""
+    can install a handler. A SIGHUP ignored at start (``nohup``) stays ignored, and so
+    stays ignored in the trial's processes, as it would without the platform."""
     global _shielded_pid
     _shielded_pid = os.getpid()
     with contextlib.suppress(ValueError):  # not the main thread: nothing to change
         signal.signal(signal.SIGINT, _pass_by_workers)
         signal.signal(signal.SIGTERM, _pass_by_workers)
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, _pass_by_workers)
 
 
 def _pass_by_workers(signum: int, frame: Any) -> None:

@@ -123,9 +123,9 @@ def attach_warm_services(slots_per_trial: int = 1) -> WarmServices | None:
 
 
 def start_shielded_prefect_server() -> None:
-    """Start Prefect's ephemeral server now, with SIGINT blocked while it is spawned: the
-    child keeps that mask, so a terminal's Ctrl-C (sent to the whole
-    foreground process group) stops the experiment gracefully instead of killing the API
+    """Start Prefect's ephemeral server now, with SIGINT and SIGHUP blocked while it is
+    spawned: the child keeps that mask, so a terminal's Ctrl-C or its closing (sent to the
+    whole foreground process group) stops the experiment gracefully instead of killing the API
     the flow still needs to record its stop. The flow's own process unblocks at once and
     reuses this server (Prefect keeps one per process), and stops it by SIGTERM at exit.
     No-op with PREFECT_API_URL set."""
@@ -142,7 +142,7 @@ def start_shielded_prefect_server() -> None:
 def _start_ephemeral_server() -> None:
     from prefect.client.orchestration import get_client
 
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
     try:
         with get_client(sync_client=True) as client:
             client.api_healthcheck()

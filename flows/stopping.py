@@ -1,9 +1,11 @@
 """How a running experiment learns that it must stop, and in which of Determined's ways.
 
 Every way in ends in one ``StopControl.request(mode)``:
-- Ctrl-C (SIGINT) or SIGTERM on the flow's process: ``pause`` (checkpoint, continue later),
-  or ``cancel`` when Prefect is cancelling the flow run (its process worker cancels by
-  SIGTERM); a second signal stops at once (``kill``: no checkpoint);
+- Ctrl-C (SIGINT), SIGHUP (a closed terminal, a dropped ssh session) or SIGTERM on the
+  flow's process: ``pause`` (checkpoint, continue later), or ``cancel`` when Prefect is
+  cancelling the flow run (its process worker cancels by SIGTERM); a second signal stops at
+  once (``kill``: no checkpoint). A SIGHUP or SIGTERM ignored when the process started
+  (``nohup``) stays ignored;
 - ``det experiment pause|cancel|kill`` (flows.lifecycle): sets the key
   ``["det-tasks-stop", <experiment key>]`` in the Dask scheduler's metadata store
   (``Client.set_metadata``), which the flow reads at each wake-up (about once a second).
@@ -36,6 +38,7 @@ __all__ = [
     "STOP_GRACE_ENV",
     "StopControl",
     "stop_grace_s",
+    "stop_signals_handled",
 ]
 
 # How long a trial has, after a stop request, to reach its next batch boundary before its
@@ -137,25 +140,44 @@ class StopControl:
 
     @contextlib.contextmanager
     def signals_handled(self) -> Iterator[None]:
-        """SIGINT and SIGTERM ask for a graceful stop; the second one stops at once.
+        """SIGINT, SIGHUP and SIGTERM ask for a graceful stop; the second one stops at once.
         Only the main thread can install handlers; elsewhere nothing changes."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
         def handle(signum: int, frame: Any) -> None:
             self.signals += 1
             if self.signals > 1:
                 self._pending = "kill"
-                print("second signal: stopping at once, without a checkpoint", file=sys.stderr)
+                with contextlib.suppress(OSError):  # a closed terminal cannot be written to
+                    print("second signal: stopping at once, without a checkpoint", file=sys.stderr)
                 raise KeyboardInterrupt  # at once: the flow's cleanup still ends the runs
             self._pending = "term" if signum == signal.SIGTERM else "pause"
 
-        for sig in previous:
-            signal.signal(sig, handle)
-        try:
+        with stop_signals_handled(handle):
             yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+
+# SIGHUP and SIGTERM that the process inherited ignored (``nohup``, a user's ``trap '' HUP``)
+# stay ignored. SIGINT is handled even then: a non-interactive shell starts a background job
+# with SIGINT ignored without anyone asking, and ``kill -INT`` must still pause it.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_KEPT_IF_IGNORED = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals_handled(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for SIGINT, SIGTERM and SIGHUP while the block runs (main thread only),
+    never over a SIGHUP or SIGTERM ignored at start; the previous handlers afterwards."""
+    previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    handled = [
+        s for s in _STOP_SIGNALS if not (s in _KEPT_IF_IGNORED and previous[s] == signal.SIG_IGN)
+    ]
+    for sig in handled:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in handled:
+            signal.signal(sig, previous[sig])

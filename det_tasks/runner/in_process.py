@@ -28,6 +28,7 @@ from det_tasks.runner.entrypoint import (
 )
 from det_tasks.runner.progress import ProgressSink
 from det_tasks.runner.resume import choose_resume_checkpoint
+from det_tasks.runner.stop_signals import StopSignals
 from det_tasks.runner.trial_config import with_defaults
 from det_tasks.runner.trial_setup import (
     checkpoint_store_for,
@@ -71,12 +72,11 @@ def run_trial(
     max_batches: int | None = None,
     trial_id: str = "1",
     experiment_run_key: str | None = None,
+    stop_signals: StopSignals | None = None,
 ) -> RunResult:
-    """Validate the config, build the trial from its entrypoint, and fit it.
-
-    ``latest_checkpoint`` may list several checkpoints, newest first: training resumes from
-    the first one that is intact (the others are fallbacks for a corrupted newest one).
-    """
+    """Validate the config, build the trial from its entrypoint, and fit it. ``latest_checkpoint``
+    may list several checkpoints, newest first: training resumes from the first intact one (the
+    others are fallbacks for a corrupted newest one)."""
     config_path = Path(config_path)
     model_dir = resolved_model_dir(Path(model_dir) if model_dir is not None else config_path.parent)
     raw, config = load_raw_config(config_path, overrides)
@@ -109,6 +109,7 @@ def run_trial(
             sink = _sinks(memory, services, bar, extra_sink)
             latest = _absolute_if_path(choose_resume_checkpoint(store, latest_checkpoint))
             run = _RunInputs(config, raw, hparams, model_dir, store, sink, latest, device, trial_id)
+            run = dataclasses.replace(run, stop_signals=stop_signals)  # SIGHUP, SIGTERM
             result = _train(run, entry, services, max_length, test_mode)
             if services is None:
                 _apply_retention(config, store, memory)
@@ -186,6 +187,9 @@ class _RunInputs:
     latest: str | None
     device: str | None
     trial_id: str
+    # A trial class stops at a batch boundary on them, with a checkpoint, and raises their
+    # SignalStop (its run then ends KILLED with det.state PAUSED).
+    stop_signals: StopSignals | None = None
 
 
 def load_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
@@ -251,6 +255,8 @@ def _fit_trial_class(
         model_dir=run.model_dir,
         trial_id=_trial_number(run.trial_id),
     ) as context:
+        if run.stop_signals is not None:
+            run.stop_signals.watch(context)
         trial = trial_class(context)
         trainer = Trainer(trial, context)
         result = trainer.fit(
@@ -259,6 +265,8 @@ def _fit_trial_class(
             test_mode=test_mode,
             **fit_periods(config, run.hparams),
         )
+    if run.stop_signals is not None:
+        run.stop_signals.raise_if_stopped(result.batches_trained, result.checkpoint_uri)
     return result.batches_trained, result.checkpoint_uuid, result.validation_metrics
 
 

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -33,7 +34,14 @@ from types import FrameType
 from det_tasks.cpu_threads import threads_per_process
 from infra import dask_cluster, netns, stack
 from infra.netns import NetnsError, Network
-from infra.services import Service, ServiceError, start_all, state_lines, stop_all
+from infra.services import (
+    Service,
+    ServiceError,
+    is_running,
+    start_all,
+    state_lines,
+    stop_all,
+)
 from infra.stack import StackConfig
 
 __all__ = [
@@ -127,8 +135,29 @@ class Hosts:
         returns the hosts whose worker it started."""
         for host in self.workers:
             self.cut(host, connected=True)
-        started = start_all(_workers(self.config, threads_per_process(len(self.workers))))
-        return [host for host, now in zip(self.workers, started, strict=True) if now]
+        workers = _workers(self.config, threads_per_process(len(self.workers)))
+        # A worker whose supervisor still runs rejoins by itself (after a cut link or a
+        # scheduler restart): waited for, not restarted; a lost host's is started again.
+        lost = [not is_running(worker) for worker in workers]
+        started = start_all([w for w, gone in zip(workers, lost, strict=True) if gone])
+        _await_rejoined([w for w, gone in zip(workers, lost, strict=True) if not gone])
+        hosts = [host for host, gone in zip(self.workers, lost, strict=True) if gone]
+        return [host for host, now in zip(hosts, started, strict=True) if now]
+
+
+def _await_rejoined(workers: list[Service]) -> None:
+    """Until each worker is registered with the scheduler again, up to its start timeout."""
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    waiting = list(workers)
+    while waiting:
+        waiting = [w for w in waiting if not w.healthy()]
+        if waiting and time.monotonic() >= deadline:
+            names = ", ".join(w.name for w in waiting)
+            raise ServiceError(
+                f"{names} did not rejoin the scheduler within {WORKER_START_TIMEOUT_S} s"
+            )
+        if waiting:
+            time.sleep(0.3)
 
 
 def worker_host_service(config: HostsConfig, host: int, threads: int = 1) -> Service:

@@ -44,7 +44,8 @@ MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 # = accepted so Determined YAML loads unchanged, and nothing reads it.
 CONFIG_NOTES: dict[str, str] = {
     "name": "MLflow experiment name; the trials of one config share it. "
-    "Default: the config file's stem.",
+    "Default: the config file's stem, decided once where the config is submitted and "
+    "sent to every worker with the config.",
     "description": "Shown on the MLflow experiment and parent run.",
     "labels": "No effect: add labels with `det experiment label add ID LABEL` (MLflow tags).",
     "workspace": "No effect: experiments are grouped by MLflow experiment (`name`).",

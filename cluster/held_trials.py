@@ -57,6 +57,7 @@ from det_tasks.errors import (
 )
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.runner.trial_processes import TrialProcesses
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
@@ -192,6 +193,7 @@ class HeldTrialPlugin(WorkerPlugin):
         self.preempting: set[tuple[str, int]] = set()
         self.last_step_end = 0.0  # monotonic: when this worker's latest step ended
         self.closing = False  # the worker is closing: a running step stops (teardown)
+        self.processes: TrialProcesses | None = None  # the held trial's own processes
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to each worker by the client: everything but the (per-process) event."""
@@ -217,6 +219,9 @@ class HeldTrialPlugin(WorkerPlugin):
         # which exists only where the harness set it up).
         multiprocessing.set_start_method(None, force=True)
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
+        # What a trial starts (subprocesses, pools, their children) ends with it, and with
+        # this worker if it dies (det_tasks.runner.trial_processes).
+        self.processes = TrialProcesses.start()
 
     def teardown(self, worker: Worker) -> None:
         # The worker is closing (its scheduler gone, or told to): a step running here is
@@ -242,6 +247,8 @@ class HeldTrialPlugin(WorkerPlugin):
         resume = resume_candidates(
             request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
         )
+        if self.processes is not None:
+            self.processes.begin()
         self.held = HeldTrial(spec, resume)
         self.built += 1
         if self.held.position < request.start:
@@ -278,6 +285,7 @@ class HeldTrialPlugin(WorkerPlugin):
         if not self.closing:
             self.preemption.clear()
         if held is None:
+            self._end_trial_processes()
             return
         try:
             held.close(error)
@@ -291,6 +299,12 @@ class HeldTrialPlugin(WorkerPlugin):
             # was imported before fork the same way).
             gc.freeze()
             _empty_cuda_cache()
+            self._end_trial_processes()
+
+    def _end_trial_processes(self) -> None:
+        """End what the released trial started (its code's processes and theirs)."""
+        if self.processes is not None:
+            self.processes.end()
 
     @property
     def recycle_due(self) -> bool:
@@ -371,6 +385,7 @@ def _run_step(request: StepRequest) -> StepResult:
     try:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
+        plugin.release()  # but what its __init__ started ends
         return _result(worker, request.start, False, started, invalid_hp=str(err))
     except Reschedule:  # another experiment's active trial is here (make_room_for)
         raise

@@ -142,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers = _start_workers(args, argv)
             if workers is not None:
                 return workers
+        if argv is None:  # this process is the command (not a caller of main): see there
+            from det_tasks.runner.trial_processes import own_trial_processes
+
+            own_trial_processes()
         result = _train_in_process(args)
     except (SignalStop, StoppedAtOnce) as stopped:  # SIGHUP, SIGTERM
         return _report_signal_stop(stopped, sys.argv[1:] if argv is None else argv)

@@ -12,14 +12,17 @@ cases the stack's set-up changes, on the stack. The flows' final metrics must eq
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,7 +32,7 @@ import pytest
 import torch
 
 from det_tasks.runner import run_trial
-from tests.integration.helpers import REPO, home_env
+from tests.integration.helpers import REPO, ctrl_c_midway, home_env, wait_for
 
 CORPUS = REPO / "tests" / "fixtures" / "corpus"
 Series = list[tuple[int, float]]
@@ -207,6 +210,13 @@ def check_odd_names(o: Observed) -> None:
     assert {"train/loss", "grad-norm"} <= set(o.training)
 
 
+def check_iterable_stream(o: Observed) -> None:
+    # An infinite IterableDataset of (1, 1) through a plain torch DataLoader: 60 batches
+    # (max_length in batches), the one-variable weight's closed form at each validation.
+    assert o.batches == 60 and o.steps("validation_loss") == [20, 40, 60]
+    assert o.values("weight") == pytest.approx([1 - 0.9**n for n in (20, 40, 60)], rel=1e-5)
+
+
 def _timeline(o: Observed) -> list[list[Any]]:
     return [json.loads(line) for line in (o.out / "timeline-1.jsonl").read_text().splitlines()]
 
@@ -274,6 +284,7 @@ CASES = [
     Case("odd_names", check_odd_names),
     Case("lengths", check_lengths_epochs, out_key="log_dir"),
     Case("lengths", check_lengths_records, config="records.yaml", out_key="log_dir"),
+    Case("iterable_stream", check_iterable_stream),
 ]
 BY_ID = {case.id: case for case in CASES}
 # The corpus sets pin_memory=True on CPU on purpose (as teams do); torch says it is unused.
@@ -580,3 +591,143 @@ def _det_tasks_run(case: Case, folder: Path) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+# ---- a trial's own processes end with it (det_tasks.runner.trial_processes) --------------
+HELPERS = CORPUS / "helper_processes" / "const.yaml"
+
+
+def _helpers_left(marker: str) -> list[str]:
+    """Processes still running (zombies are not) whose command line carries ``marker``."""
+    import psutil
+
+    left = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        args = process.info["cmdline"] or []
+        if marker in args and process.info["status"] != psutil.STATUS_ZOMBIE:
+            left.append(f"{process.pid}: {' '.join(args)[:120]}")
+    return left
+
+
+def _helper_params(tmp_path: Path, batch_sleep: float = 0.0) -> tuple[str, Path, list[str]]:
+    """A marker of the test's own for the trial's helpers, the file the trial writes once
+    its three helpers run (their count), and the overrides that set both."""
+    marker = f"corpus-helpers-{tmp_path.name}-{os.getpid()}"
+    started = tmp_path / "helpers-started"
+    params = [
+        f"data.marker={marker}",
+        f"data.started_file={started}",
+        f"data.batch_sleep={batch_sleep}",
+    ]
+    return marker, started, params
+
+
+def _det_tasks_run_command(folder: Path, params: list[str]) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return [
+        sys.executable,
+        "-m",
+        "det_tasks.runner.cli",
+        "run",
+        str(HELPERS),
+        "--checkpoint-dir",
+        str(folder / "checkpoints"),
+        "--no-progress",
+        *(f"--param={p}" for p in params),
+    ]
+
+
+def test_det_tasks_run_ends_the_trials_processes_with_it(tmp_path: Path) -> None:
+    """A helper the trial starts in ``__init__`` (with a child and a setsid daemon of its
+    own) is gone once ``det-tasks run`` exits: nothing is left to wait for."""
+    marker, started, params = _helper_params(tmp_path)
+    proc = subprocess.run(
+        _det_tasks_run_command(tmp_path / "run", params),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert started.read_text() == "3"  # the helper and its two ran during the trial
+    assert _helpers_left(marker) == []
+
+
+def test_det_tasks_run_killed_takes_the_trials_processes_with_it(tmp_path: Path) -> None:
+    """SIGKILL of ``det-tasks run`` (the OOM killer, ``kill -9``): its guard ends them."""
+    marker, started, params = _helper_params(tmp_path, batch_sleep=1.0)
+    proc = subprocess.Popen(
+        _det_tasks_run_command(tmp_path / "run", params),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+    )
+    try:
+        wait_for(started.exists, 300, "the trial's helpers to start")
+        assert started.read_text() == "3" and proc.poll() is None
+        time.sleep(1.0)  # training: the guard has looked at them (every 0.5 s)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not _helpers_left(marker), 15, "the trial's processes to end")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_flow_ends_the_trials_processes_when_it_finishes(warm_home: Path, tmp_path: Path) -> None:
+    """On a warm worker, which outlives the trial: they end when the trial is released."""
+    marker, started, params = _helper_params(tmp_path)
+    proc = _python(warm_home, "flows.experiment", str(HELPERS), *params)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert started.read_text() == "3"
+    assert _helpers_left(marker) == []
+
+
+@pytest.mark.slow
+def test_flow_ends_the_trials_processes_on_ctrl_c(warm_home: Path, tmp_path: Path) -> None:
+    """Ctrl-C pauses the experiment: its trial checkpoints and is released, and what it
+    started (in the warm worker's process group, not the terminal's) ends with it."""
+    marker, started, params = _helper_params(tmp_path, batch_sleep=1.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(HELPERS), *params],
+        cwd=warm_home,
+        env=home_env(warm_home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    stderr, _ = ctrl_c_midway(proc, started, after_s=2.0)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert started.read_text() == "3"
+    assert _helpers_left(marker) == []
+
+
+@pytest.mark.slow
+def test_flow_killed_takes_the_trials_processes_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the flow's main process (no servers, its own Dask workers): the workers
+    exit as their Nanny goes, and each worker's guard ends what its trial started."""
+    marker, started, params = _helper_params(tmp_path, batch_sleep=1.0)
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(HELPERS), *params],
+        cwd=home,
+        env=home_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(started.exists, 300, "the trial's helpers to start")
+        assert started.read_text() == "3" and proc.poll() is None
+        time.sleep(1.0)
+        proc.kill()  # the main process only, as the OOM killer does
+        proc.wait()
+        wait_for(lambda: not _helpers_left(marker), 30, "the trial's processes to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the flow is left

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,6 +48,7 @@ class _CommandLine:
     overrides: list[str]
     experiment_key: str | None
     cfg: Any  # det_tasks.config.ExperimentConfig
+    use_changed_code: bool = False  # resume with the folder's code, not the snapshot
 
 
 def _check_command_line(args: list[str]) -> _CommandLine:
@@ -59,9 +60,17 @@ def _check_command_line(args: list[str]) -> _CommandLine:
     args, continued = _split_activate(args, "--continue")
     if key is not None and continued is not None:
         raise ValueError("give --activate KEY or --continue KEY, not both")
+    use_changed = "--use-changed-code" in args
+    args = [a for a in args if a != "--use-changed-code"]
+    if use_changed and key is None and continued is None:
+        raise ValueError(
+            "--use-changed-code resumes a paused experiment with its folder's changed code: "
+            "give it with --activate KEY (a new experiment runs the folder as it is)"
+        )
     config_path = Path(args[0]).resolve()
     raw, cfg = load_raw_config(config_path, args[1:])
-    check_entrypoint(cfg, config_path.parent)
+    if use_changed or (key is None and continued is None):  # else the flow checks its snapshot
+        check_entrypoint(cfg, config_path.parent)
     if continued is not None:  # Determined's continue: back to PAUSED, then activated
         from registry.continuation import continue_in_store
 
@@ -71,7 +80,7 @@ def _check_command_line(args: list[str]) -> _CommandLine:
         from registry.activation import check_activation
 
         check_activation(cfg.name or config_path.stem, key)
-    return _CommandLine(args[0], args[1:], key, cfg)
+    return _CommandLine(args[0], args[1:], key, cfg, use_changed)
 
 
 def _prestart(
@@ -126,6 +135,7 @@ from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, work
 from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.experiment_name import experiment_name, named
+from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
 from det_tasks.runner.in_process import check_entrypoint
@@ -138,7 +148,20 @@ from flows.lifecycle import continue_lines
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable, searcher_batches
-from registry.activation import check_activatable
+from registry.activation import (
+    RunBefore,
+    activation_progressed,
+    back_to_paused,
+    before_activation,
+    check_activatable,
+)
+from registry.experiment_code import (
+    ExperimentCode,
+    adopt_code,
+    code_for_start,
+    code_verdict,
+    package_code,
+)
 from registry.mlflow_services import finish_experiment
 from registry.packages import fetch_package
 from registry.run_states import end_orphans, end_running_runs, record_failure
@@ -174,6 +197,7 @@ def experiment(
     package: str | None = None,
     config_yaml: str | None = None,
     experiment_key: str | None = None,
+    use_changed_code: bool = False,
 ) -> Any:
     """Run every trial the config's searcher proposes; returns the best trial's summary
     (or, when stopped on request, a Cancelled state or the flow run's suspension).
@@ -182,14 +206,18 @@ def experiment(
     create``) is unpacked into a fresh folder on this worker; the config is ``config_yaml``
     when given (``config`` then only names it), else the file ``config`` inside the package.
     ``experiment_key``: continue that experiment (its MLflow runs, trials and searcher
-    state) instead of starting one keyed by this flow run's id.
+    state) instead of starting one keyed by this flow run's id. Without a package the
+    experiment runs its code snapshot (registry.experiment_code), taken when it was created;
+    ``use_changed_code``: resume with the model folder's code instead, as a new code version.
     """
     logger = get_run_logger()
     overrides = list(overrides or [])
     if not package:
         config_path = Path(config).resolve()
         model_path = Path(model_dir).resolve() if model_dir else config_path.parent
-        return _run_experiment(config_path, model_path, overrides, None, experiment_key)
+        return _run_experiment(
+            config_path, model_path, overrides, None, experiment_key, use_changed_code
+        )
     model_path = fetch_package(package)
     logger.info("model package %s unpacked into %s", package, model_path)
     config_path = (model_path / config).resolve()
@@ -202,6 +230,101 @@ def experiment(
         return _run_experiment(config_path, model_path, overrides, package, experiment_key)
     finally:
         shutil.rmtree(model_path.parent, ignore_errors=True)
+
+
+def _code_for(
+    client: Any,
+    run_key: str,
+    raw: dict[str, Any],
+    cfg: ExperimentConfig,
+    model_path: Path,
+    package: str | None,
+    use_changed_code: bool,
+) -> tuple[Path, ExperimentCode]:
+    """The code this start runs: the package it was submitted as, else the experiment's
+    code snapshot (taken now for a new experiment); says when the folder differs from it.
+    Its entrypoint is checked before any run exists: a retry cannot fix it. Returns the
+    folder the trials import (the snapshot's, whatever ``model_path`` holds now) too."""
+    if package:
+        code = package_code(package, model_path)
+    else:
+        exclusions = code_exclusions(raw, model_path)
+        code = code_for_start(client, run_key, model_path, exclusions, use_changed_code)
+    if code.note:
+        get_run_logger().warning(code.note)
+    check_entrypoint(cfg, code.snapshot.folder)
+    return code.snapshot.folder, code
+
+
+def _reenter(runs: ExperimentRuns, code: ExperimentCode) -> tuple[list[RunBefore], bool]:
+    """Mark an activated experiment's runs RUNNING again (True if they had ended), keeping
+    how they were (a failed activation puts that back), and record the code it runs."""
+    before = before_activation(runs.client, runs.experiment_id, runs.parent_run_id)
+    activated = runs.reopen(runs.parent_run_id)
+    adopt_code(runs.client, runs.parent_run_id, code)
+    return before, activated
+
+
+@contextlib.contextmanager
+def _activation_settled(
+    activated: bool,
+    runs: ExperimentRuns,
+    before: list[RunBefore],
+    code: ExperimentCode,
+    config_path: Path,
+    run_key: str,
+) -> Iterator[None]:
+    """Training an activated experiment: a failure that comes before any trial got past
+    where it stopped changes nothing (_failed_activation)."""
+    try:
+        yield
+    except Exception as err:
+        if activated:
+            _failed_activation(err, runs, before, code, config_path, run_key)
+        raise
+
+
+def _failed_activation(
+    err: Exception,
+    runs: ExperimentRuns,
+    before: list[RunBefore],
+    code: ExperimentCode,
+    config_path: Path,
+    run_key: str,
+) -> None:
+    """An activation that failed before any trial got past where it stopped changes
+    nothing: its runs go back to PAUSED with their checkpoints and code, the error says
+    whether the code changed since the pause, and the same command activates it again (a
+    deployment's run is suspended again, for ``det experiment activate``). Returns when
+    the failure is the run's own (a trial trained on first): it ends ERROR as before."""
+    try:
+        if activation_progressed(runs.client, before):
+            return
+        verdict = code_verdict(code)
+        back_to_paused(runs.client, before, f"{err}\n{verdict}")
+    except Exception:  # MLflow unreachable: the failure stands as it is
+        return
+    short = run_key[:8]
+    how = f"python -m flows.experiment {config_path} --activate {run_key}"
+    if _has_deployment():
+        how = f"det experiment activate {short}"
+    paused = f"experiment {short} stays PAUSED with its checkpoints; continue with: {how}"
+    if _has_deployment():
+        get_run_logger().error("%s\n%s\n%s", err, verdict, paused)
+        suspend_flow_run(timeout=PAUSED_FOR_S, key=uuid.uuid4().hex)
+    if isinstance(err, StepFailed):
+        lines = "\n".join([err.error, verdict, paused])
+        raise StepFailed(
+            err.trial_id,
+            err.phase,
+            err.batch,
+            lines,
+            err.location,
+            err.retryable,
+            err.attempts,
+            err.user_traceback,
+        ) from None
+    raise DetTasksError(f"{err}\n{verdict}\n{paused}") from None
 
 
 def worker_count(cfg: ExperimentConfig) -> int:
@@ -217,10 +340,10 @@ def _run_experiment(
     overrides: list[str],
     package: str | None = None,
     experiment_key: str | None = None,
+    use_changed_code: bool = False,
 ) -> Any:
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
-    check_entrypoint(cfg, model_path)  # before any run exists: a retry cannot fix it
     settings, tracking_uri = _tracking_settings()
     # Named here once; the name travels to the workers with the overrides (a worker's copy
     # of the config has a file name of its own).
@@ -230,13 +353,14 @@ def _run_experiment(
     mlflow = client_for(tracking_uri)
     if experiment_key:  # before a run exists: an unknown key must not start one
         check_activatable(mlflow, name, experiment_key, tracking_uri)
+    model_path, code = _code_for(mlflow, run_key, raw, cfg, model_path, package, use_changed_code)
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
     command = None if _has_deployment() else (config_path, overrides)
     for line in continue_lines(mlflow, runs.experiment_id, run_key, command):
         logger.warning(line)  # a relaunch starts afresh (Determined's create) and says so
-    activated = runs.reopen(runs.parent_run_id)  # an activated experiment runs again
+    before, activated = _reenter(runs, code)
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
     finished = searcher.finished()
@@ -250,7 +374,8 @@ def _run_experiment(
     chains = functools.partial(
         TrialChains, cfg, raw, runs, config_path, model_path, overrides, run_key, package, table
     )
-    best, released, stop = _train(chains, searcher, todo, limit, cfg, runs, run_key, activated)
+    with _activation_settled(activated, runs, before, code, config_path, run_key):
+        best, released, stop = _train(chains, searcher, todo, limit, cfg, runs, run_key, activated)
     if released:
         logger.info("released %d held trial(s)", released)
     table.publish()
@@ -489,7 +614,7 @@ def main(
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: python -m flows.experiment CONFIG [key=value ...] "
-            "[--activate KEY | --continue KEY]",
+            "[--activate KEY [--use-changed-code] | --continue KEY]",
             file=sys.stderr,
         )
         return 2
@@ -521,6 +646,7 @@ def main(
                 checked.config,
                 checked.overrides,
                 experiment_key=checked.experiment_key,
+                use_changed_code=checked.use_changed_code,
                 return_state=True,
             )
         except KeyboardInterrupt:

@@ -7,10 +7,18 @@ embedded run's Prefect flow run is Cancelled when it pauses, and its Prefect ser
 gone): PAUSED (Ctrl-C, ``det experiment pause``) and ORPHANED (its flow died without a
 word; a RUNNING parent whose flow is known gone counts too) continue; a RUNNING one with a
 live flow is already active; COMPLETED, CANCELED and ERROR ones have ended.
+
+A failed activation changes nothing: when an activated experiment fails before any of its
+trials got past where it stopped (a checkpoint that no longer fits the model, an import
+error in changed code), its runs go back to what they were (``before_activation`` /
+``back_to_paused``): PAUSED with the pause checkpoints, the code snapshot it had, and the
+failure kept in ``det.activation_error``, so the same line can activate it again once
+the cause is fixed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -19,13 +27,20 @@ from typing import Any
 
 from det_tasks.errors import DetTasksError
 from det_tasks.home import det_tasks_home, no_server_recording
+from registry.code_snapshot import snapshot_tags
+from registry.run_records import CHECKPOINT_TAG
 from registry.run_states import HEARTBEAT_TAG, ORPHAN_AFTER_S, flow_gone
-from registry.tracking import EXPERIMENT_RUN_TAG, STATE_TAG, client_for
+from registry.tracking import ERROR_TAG, EXPERIMENT_RUN_TAG, PARENT_TAG, STATE_TAG, client_for
 from registry.trial_states import ORPHANED, PAUSED, RUNNING, trial_state
 
 __all__ = [
     "ACTIVATABLE",
+    "ACTIVATION_ERROR_TAG",
+    "RunBefore",
+    "activation_progressed",
     "already_active",
+    "back_to_paused",
+    "before_activation",
     "check_activatable",
     "check_activation",
     "experiment_run_state",
@@ -33,6 +48,8 @@ __all__ = [
 ]
 
 ACTIVATABLE = frozenset({PAUSED, ORPHANED})
+ACTIVATION_ERROR_TAG = "det.activation_error"
+PROGRESS_METRIC = "progress/batches"
 
 
 def already_active(short: str, how: str) -> str:
@@ -142,3 +159,71 @@ def _is_key(text: str) -> bool:
         return str(uuid.UUID(text)) == text
     except ValueError:
         return False
+
+
+@dataclasses.dataclass(frozen=True)
+class RunBefore:
+    """One run of an experiment as it was before an activation: what to put back."""
+
+    run_id: str
+    status: str
+    state: str | None
+    error: str | None
+    code: dict[str, str]
+    progress: float | None
+    checkpoints: int
+
+
+def before_activation(client: Any, experiment_id: str, parent_run_id: str) -> list[RunBefore]:
+    """The parent run and its trial runs as they are now, before an activation."""
+    trials = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        max_results=10000,
+    )
+    return [_as_before(run) for run in [client.get_run(parent_run_id), *trials]]
+
+
+def _as_before(run: Any) -> RunBefore:
+    tags = run.data.tags
+    return RunBefore(
+        run_id=run.info.run_id,
+        status=run.info.status,
+        state=tags.get(STATE_TAG),
+        error=tags.get(ERROR_TAG),
+        code=snapshot_tags(run),
+        progress=run.data.metrics.get(PROGRESS_METRIC),
+        checkpoints=sum(1 for name in tags if name.startswith(CHECKPOINT_TAG)),
+    )
+
+
+def activation_progressed(client: Any, before: list[RunBefore]) -> bool:
+    """Whether any trial got past where the experiment stopped since ``before``: a new
+    checkpoint or training progress recorded (then a failure is the run's own, not the
+    activation's)."""
+    for was in before:
+        now = _as_before(client.get_run(was.run_id))
+        if now.checkpoints != was.checkpoints or now.progress != was.progress:
+            return True
+    return False
+
+
+def back_to_paused(client: Any, before: list[RunBefore], why: str) -> None:
+    """Put every run back as it was before a failed activation (status, ``det.state``,
+    error and code snapshot tags), and say why the activation failed on each."""
+    for was in before:
+        run = client.get_run(was.run_id)
+        if run.info.status != was.status:
+            client.set_terminated(was.run_id, status=was.status)
+        _put_tag(client, was.run_id, STATE_TAG, was.state, run.data.tags)
+        _put_tag(client, was.run_id, ERROR_TAG, was.error, run.data.tags)
+        for name in ("det.code_package", "det.code_version", "det.code_versions"):
+            _put_tag(client, was.run_id, name, was.code.get(name), run.data.tags)
+        client.set_tag(was.run_id, ACTIVATION_ERROR_TAG, why[:5000])
+
+
+def _put_tag(client: Any, run_id: str, name: str, value: str | None, now: dict[str, str]) -> None:
+    if value is not None and now.get(name) != value:
+        client.set_tag(run_id, name, value)
+    elif value is None and name in now:
+        client.delete_tag(run_id, name)

@@ -16,7 +16,7 @@ from det_tasks.errors import DetTasksError
 from registry import s3 as s3_lib
 from registry.settings import RegistrySettings
 
-__all__ = ["PACKAGE_PREFIX", "fetch_package", "upload_package"]
+__all__ = ["PACKAGE_PREFIX", "download_package", "fetch_package", "upload_package"]
 
 PACKAGE_PREFIX = "packages"
 
@@ -74,3 +74,19 @@ def fetch_package(uri: str, parent: str | Path | None = None) -> Path:
         return unpack_model_package(archive, workdir / "model")
     finally:
         archive.unlink(missing_ok=True)
+
+
+def download_package(uri: str, archive: str | Path) -> Path:
+    """Download the package ``uri`` as it is (not unpacked) to the file ``archive``,
+    which appears whole or not at all."""
+    location = s3_lib.parse_s3_uri(uri)
+    s3 = s3_lib.client(RegistrySettings.from_env().s3_endpoint)
+    target = Path(archive)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        s3.download_file(location.bucket, location.prefix, str(partial))
+    except botocore.exceptions.ClientError as err:
+        partial.unlink(missing_ok=True)
+        raise s3_lib.explain(err, uri) from None
+    partial.replace(target)
+    return target

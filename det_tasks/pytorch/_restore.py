@@ -20,7 +20,7 @@ from det_tasks.errors import CheckpointError
 from det_tasks.pytorch._callback import PyTorchCallback, overridden
 from det_tasks.pytorch._context import PyTorchTrialContext
 
-__all__ = ["load_model_weights", "load_state", "open_checkpoint", "overridden"]
+__all__ = ["load_model_weights", "load_state", "open_checkpoint", "overridden", "weights_mismatch"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,28 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, Any]) -> None:
     try:
         target.load_state_dict(sd)
     except RuntimeError as err:
-        raise CheckpointError(
-            f"the checkpoint's model weights do not fit {type(target).__name__}: "
-            f"{str(err).splitlines()[0]}; were hyperparameters that shape the model changed?"
-        ) from None
+        raise CheckpointError(weights_mismatch(type(target).__name__, str(err))) from None
+
+
+# A wide model's mismatch lists every tensor; the first ones say what changed.
+_MISMATCH_LINES = 20
+
+
+def weights_mismatch(model: str, torch_message: str) -> str:
+    """What torch's load_state_dict said, every line whole (each mismatched tensor with
+    both shapes, missing and unexpected keys), under one line naming the model; the cause
+    (changed code, or hyperparameters that shape the model) is for the caller that knows
+    it to say."""
+    lines = [line.strip() for line in torch_message.splitlines()[1:] if line.strip()]
+    shown = [f"  {line}" for line in lines[:_MISMATCH_LINES]]
+    if len(lines) > _MISMATCH_LINES:
+        shown.append(f"  ... and {len(lines) - _MISMATCH_LINES} more")
+    if not shown:  # not torch's usual form: its message as it is
+        shown = [f"  {torch_message.strip()}"]
+    return "\n".join(
+        [
+            f"the checkpoint's model weights do not fit {model}: the model the trial builds "
+            "now has other tensors or shapes than the one that wrote the checkpoint:",
+            *shown,
+        ]
+    )

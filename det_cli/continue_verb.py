@@ -16,7 +16,13 @@ from typing import Any
 
 from det_tasks.errors import DetTasksError
 
-__all__ = ["cmd_continue", "continue_hint", "file_overrides", "register_continue"]
+__all__ = [
+    "add_config_overrides",
+    "cmd_continue",
+    "continue_hint",
+    "file_overrides",
+    "register_continue",
+]
 
 
 def register_continue(verbs: Any) -> None:
@@ -25,14 +31,7 @@ def register_continue(verbs: Any) -> None:
         help="continue a single-trial experiment that ended, from its newest checkpoint",
     )
     p.add_argument("id", metavar="EXPERIMENT_ID", help="8-hex short id or full UUID")
-    p.add_argument(
-        "--config",
-        dest="param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config change, e.g. searcher.max_length.batches=200 (repeatable)",
-    )
+    add_config_overrides(p, "config change, e.g. searcher.max_length.batches=200 (repeatable)")
     p.add_argument(
         "--config-file",
         type=Path,
@@ -40,6 +39,13 @@ def register_continue(verbs: Any) -> None:
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream its logs until it ends")
     p.set_defaults(func=cmd_continue)
+
+
+def add_config_overrides(parser: argparse.ArgumentParser, text: str) -> None:
+    """Determined's repeatable ``--config KEY=VALUE`` (into ``args.param``)."""
+    parser.add_argument(
+        "--config", dest="param", action="append", default=[], metavar="KEY=VALUE", help=text
+    )
 
 
 def file_overrides(path: Path) -> list[str]:

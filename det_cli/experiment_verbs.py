@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from det_cli.continue_verb import register_continue
+from det_cli.continue_verb import add_config_overrides, register_continue
 from det_cli.ids import experiment_run, short_id
 from det_cli.job_verbs import register_set_attributes
 from det_cli.submission import EXPERIMENT_DEPLOYMENT, FINAL_STATES, submit_options
@@ -95,14 +95,7 @@ def _register_create(verbs: Any) -> None:
     p = verbs.add_parser("create", help="validate, ship MODEL_DIR and start the experiment")
     p.add_argument("config", type=Path, metavar="CONFIG_FILE")
     p.add_argument("model_dir", type=Path, metavar="MODEL_DEF")
-    p.add_argument(
-        "--config",
-        dest="param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. searcher.max_length.batches=10",
-    )
+    add_config_overrides(p, "config override, e.g. searcher.max_length.batches=10")
     submit_options(p, EXPERIMENT_DEPLOYMENT)  # -f/--follow, --deployment, --max-package-mb
     refuse_flag(
         p,
@@ -188,10 +181,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
     from flows.prefect_rest import read_flow_run
     from registry.cli import tracking_reader_from_env
 
+    run = experiment_run(args.id)
     reader = tracking_reader_from_env()
-    settle_dead_holders(reader, [experiment_run(args.id)])
+    settle_dead_holders(reader, [run])
     code = cmd_experiment_describe(args, shown_id=short_id)
-    hint = continue_hint(reader, read_flow_run(experiment_run(args.id).id))
+    hint = continue_hint(reader, read_flow_run(run.id))
     if hint:
         print(hint)
     return code

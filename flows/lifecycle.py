@@ -17,6 +17,7 @@ carries that key). The verbs act through the engines that already run it:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shlex
 import uuid
@@ -183,27 +184,35 @@ def settle_dead_flow_run(experiment_key: str, why: str = DEAD_HOLDER) -> bool:
 
 
 def settle_dead_holders(reader: Any, runs: list[FlowRun]) -> list[str]:
-    """``det experiment list/describe``: every active flow run among ``runs`` whose MLflow
-    parent says its flow is gone (ORPHANED, or RUNNING with a stale heartbeat or a dead
-    process) is ended Crashed; returns their keys. MLflow's side is ended first."""
+    """``det experiment list/describe/continue``: every flow run among ``runs`` that Prefect
+    holds Running although its flow is gone is ended Crashed (MLflow's side first: its
+    RUNNING runs end ORPHANED); returns their keys. Gone: its MLflow parent says ORPHANED,
+    or its flow's heartbeat is stale or its process dead (registry.run_records.orphaned),
+    and it has been Running for longer than a heartbeat may take (a flow run just started
+    again by activate or continue has not beaten yet: it is given three times as long)."""
     from registry.experiment_view import find_parent
-    from registry.run_records import STATE_TAG, orphaned
+    from registry.run_records import HEARTBEAT_TAG, ORPHAN_AFTER_S, STATE_TAG, orphaned
 
     settled = []
+    now = datetime.datetime.now(datetime.UTC)
     for run in runs:
-        if run.state not in _ACTIVE and run.state != "CANCELLING":
+        if run.state not in ("RUNNING", "CANCELLING") or run.state_since is None:
             continue
         found = find_parent(reader, str(run.id))
         if found is None:
             continue
         parent = found[0]
-        running = parent.info.status == "RUNNING"
-        if running and orphaned(parent):
+        beat = float(parent.data.tags.get(HEARTBEAT_TAG) or 0)
+        # A flow that has not beaten since it started (a slow start) gets three times longer.
+        patience = ORPHAN_AFTER_S * (3 if beat < run.state_since.timestamp() else 1)
+        if (now - run.state_since).total_seconds() <= patience:
+            continue
+        if parent.data.tags.get(STATE_TAG) != "ORPHANED" and not orphaned(parent):
+            continue
+        if parent.info.status == "RUNNING":
             from registry.cli import end_orphans_seen
 
             end_orphans_seen(reader)
-        elif running or parent.data.tags.get(STATE_TAG) != "ORPHANED":
-            continue
         if settle_dead_flow_run(str(run.id)):
             settled.append(str(run.id))
     return settled

@@ -74,11 +74,13 @@ class FlowRun:
     state_message: str
     parameters: dict[str, Any]
     start_time: datetime.datetime | None
+    state_since: datetime.datetime | None = None  # when it entered its current state
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FlowRun:
         state = data.get("state") or {}
         started = data.get("start_time")
+        since = state.get("timestamp")
         return cls(
             id=uuid.UUID(str(data["id"])),
             name=str(data.get("name") or ""),
@@ -87,6 +89,7 @@ class FlowRun:
             state_message=str(state.get("message") or ""),
             parameters=dict(data.get("parameters") or {}),
             start_time=datetime.datetime.fromisoformat(started) if started else None,
+            state_since=datetime.datetime.fromisoformat(since) if since else None,
         )
 
 

@@ -28,13 +28,12 @@ from det_tasks.errors import DetTasksError
 from det_tasks.home import det_tasks_home, no_server_recording
 from registry.activation import already_active, experiment_run_state
 from registry.checkpoints import checkpoint_records
+from registry.experiment_view import find_parent, trial_runs_of
 from registry.large_tags import large_tag
 from registry.searcher_state import load_searcher_state, save_searcher_state
 from registry.tracking import (
     CONFIG_TAG,
     ERROR_TAG,
-    EXPERIMENT_RUN_TAG,
-    PARENT_TAG,
     STATE_TAG,
     client_for,
     experiment_config,
@@ -64,6 +63,7 @@ class Continuation:
 
     experiment_key: str
     experiment_id: str
+    experiment_name: str  # the MLflow experiment's (the config's name)
     parent_run_id: str
     trial_run_id: str | None  # None: the trial never started (a failure before it)
     state: str  # the state it continues from
@@ -92,7 +92,13 @@ def plan_continuation(
         raise DetTasksError(
             f"{experiment_key!r} is not an experiment key (the UUID its run printed)"
         ) from None
-    parent = _parent(client, experiment_key)
+    found = find_parent(client, experiment_key)
+    if found is None:
+        raise DetTasksError(
+            f"experiment {short} has no MLflow runs (it never started a trial): nothing to "
+            "continue; create it again"
+        )
+    parent, experiment_name = found
     state = experiment_run_state(parent, now)
     if state == RUNNING:
         raise DetTasksError(already_active(short, "its run is RUNNING") + ": nothing to continue")
@@ -101,7 +107,7 @@ def plan_continuation(
             f"experiment {short} is {state}: only a COMPLETED, CANCELED, ERROR, orphaned or "
             "paused experiment can be continued"
         )
-    trials = _trial_runs(client, parent)
+    trials = trial_runs_of(client, parent)
     _refuse_search(short, experiment_config(parent.data.tags), len(trials), state)
     if cfg.searcher.name != "single":
         raise DetTasksError(
@@ -120,6 +126,7 @@ def plan_continuation(
     return Continuation(
         experiment_key,
         parent.info.experiment_id,
+        experiment_name,
         parent.info.run_id,
         trial.info.run_id if trial else None,
         state,
@@ -187,35 +194,6 @@ def apply_continuation(client: Any, plan: Continuation, raw_config: dict[str, An
         client.set_tag(plan.parent_run_id, name, value)
 
 
-def _parent(client: Any, experiment_key: str) -> Any:
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    parents = (
-        client.search_runs(
-            experiments,
-            filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{experiment_key}'",
-            max_results=1,
-        )
-        if experiments
-        else []
-    )
-    if not parents:
-        raise DetTasksError(
-            f"experiment {experiment_key[:8]} has no MLflow runs (it never started a trial): "
-            "nothing to continue; create it again"
-        )
-    return parents[0]
-
-
-def _trial_runs(client: Any, parent: Any) -> list[Any]:
-    return list(
-        client.search_runs(
-            [parent.info.experiment_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
-            max_results=10000,
-        )
-    )
-
-
 def continue_in_store(
     experiment_name: str, experiment_key: str, raw_config: dict[str, Any], cfg: ExperimentConfig
 ) -> str:
@@ -235,7 +213,6 @@ def continue_in_store(
     client = client_for(uri)
     try:
         plan = plan_continuation(client, experiment_key, cfg)
-        found_in = client.get_experiment(plan.experiment_id).name
     except DetTasksError:
         raise
     except Exception as err:  # unreachable server, refused credentials, broken store
@@ -243,11 +220,11 @@ def continue_in_store(
             f"--continue {experiment_key}: cannot read MLflow at {uri} "
             f"({type(err).__name__}: {err}); is it up and MLFLOW_TRACKING_URI right?"
         ) from None
-    if found_in != experiment_name:
+    if plan.experiment_name != experiment_name:
         raise DetTasksError(
             f"--continue {experiment_key}: that experiment run is in MLflow experiment "
-            f"{found_in!r}, not {experiment_name!r} (this config's name): continue it with "
-            "the config it ran with"
+            f"{plan.experiment_name!r}, not {experiment_name!r} (this config's name): continue "
+            "it with the config it ran with"
         )
     apply_continuation(client, plan, raw_config)
     return plan.summary()

@@ -226,26 +226,22 @@ class TrialTable:
         unknown (epochs without ``records_per_epoch``) or no trial is known yet."""
         if self.trial_batches is None or not self.rows:
             return None
-        lengths = {row.trial_id: self.trial_batches(row.hparams) for row in self.rows.values()}
-        if any(length is None for length in lengths.values()):
-            return None
-        known = {k: int(v) for k, v in lengths.items() if v is not None}
-        trained = sum(
-            known[row.trial_id]
-            if row.state in FINISHED_STATES
-            else min(row.progress.batches, known[row.trial_id])
-            for row in self.rows.values()
-        )
-        unknown = self.progress()[1] - len(self.rows)
-        planned = sum(known.values()) + round(unknown * sum(known.values()) / len(known))
-        return trained, planned
+        trained = planned = 0
+        for row in self.rows.values():
+            length = self.trial_batches(row.hparams)
+            if length is None:
+                return None
+            done = row.state in FINISHED_STATES
+            trained += length if done else min(row.progress.batches, length)
+            planned += length
+        not_proposed = self.progress()[1] - len(self.rows)
+        return trained, planned + round(not_proposed * planned / len(self.rows))
 
     def percent(self) -> float:
         """How much of the experiment is done: its batches trained over those planned, or
         (lengths unknown) its trials finished over all. Counting only finished trials, a
         one-trial experiment read 0% until its end."""
-        counted = self.batches() or self.progress()
-        return 100.0 * counted[0] / counted[1] if counted[1] else 0.0
+        return _percent(self.batches() or self.progress())
 
     # ---- Prefect ------------------------------------------------------------------------
     def publish_soon(self) -> None:
@@ -299,9 +295,10 @@ class TrialTable:
                 self._table_id, ArtifactUpdate(data=json.dumps(rows, default=str))
             )
         done, total = self.progress()
-        percent = self.percent()
+        batches = self.batches()
+        percent = _percent(batches or (done, total))
         text = f"{done} of {total} trials of experiment {self.experiment!r} finished"
-        if (batches := self.batches()) is not None:
+        if batches is not None:
             text += f" ({batches[0]} of {batches[1]} batches trained)"
         if self._progress_id is None:
             self._progress_id = _existing(self.progress_key)
@@ -387,6 +384,10 @@ class TrialTable:
         )
         log_best_tags(client, self.parent_run_id, best_row)
         self._best_written = written
+
+
+def _percent(counted: tuple[int, int]) -> float:
+    return 100.0 * counted[0] / counted[1] if counted[1] else 0.0
 
 
 def searcher_batches(config: ExperimentConfig) -> TrialBatches:

@@ -44,8 +44,10 @@ from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
 from cluster.segment_output import last_output
 from cluster.step_errors import crossing_error
+from cluster.stop_requests import STOP_STATES
 from cluster.worker_heap import DASK_TRIM_ENV, DASK_TRIM_THRESHOLD, reuse_freed_memory
 from cluster.worker_process import exit_soon, shield_from_group_signals
+from det_tasks.checkpoints.disk_full import NoRoomForCheckpoint, no_space
 from det_tasks.cpu_threads import worker_threads
 from det_tasks.errors import (
     EXIT_INVALID_HP,
@@ -392,7 +394,7 @@ def _run_step(request: StepRequest) -> StepResult:
     except (Exception, SystemExit) as err:  # building or restoring the trial failed
         held = plugin.held
         failure = step_failure(spec, "setup", held.position if held else request.start, err)
-        plugin.release(failure)
+        plugin.release(ended_by(failure))
         raise failure from None
     restored = None if warm else trial.restored_from
     try:
@@ -417,7 +419,7 @@ def _run_step(request: StepRequest) -> StepResult:
     # thread would otherwise take the worker down with it, and the user read KilledWorker).
     except (Exception, SystemExit) as err:
         failure = step_failure(spec, request.kind, trial.position, err)
-        plugin.release(failure)
+        plugin.release(ended_by(failure))
         raise failure from None
     except BaseException as err:
         plugin.release(err)
@@ -487,9 +489,13 @@ def _train_on_the_workers_share() -> None:
 def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> StepFailed:
     """What the user reads about a failed step: the trial, the user's function that raised
     (else the step's kind) and its batch, the error, and the user's frames. A config or
-    entrypoint error is final: a retry would meet it again."""
+    entrypoint error is final: a retry would meet it again, and so would a full disk, which
+    is not the trial's fault: it stops the trial resumably (``ended_by``)."""
     if isinstance(err, StepFailed):
         return err
+    full = no_space(err)
+    if full is not None:
+        return NoRoomForCheckpoint(spec.trial_id, batch, full.folder, full.why)
     model_dir = Path(spec.model_dir)
     frame = innermost_user_frame(err, model_dir)
     return StepFailed(
@@ -501,6 +507,15 @@ def step_failure(spec: TrialSpec, kind: str, batch: int, err: BaseException) -> 
         retryable=not isinstance(err, (ConfigError, TrialError)),
         user_traceback=user_traceback(err, model_dir),
     )
+
+
+def ended_by(failure: StepFailed) -> BaseException:
+    """How a failed step ends its trial's run: FAILED with the failure, or, for a full disk,
+    KILLED with det.state PAUSED, to continue from its last good checkpoint once there is
+    room (the flow pauses the experiment: flows.disk_full)."""
+    if isinstance(failure, NoRoomForCheckpoint):
+        return TrialStopped(STOP_STATES["pause"], failure.error)
+    return failure
 
 
 def _preempted(plugin: HeldTrialPlugin, spec: TrialSpec) -> str | None:

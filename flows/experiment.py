@@ -142,6 +142,7 @@ from det_tasks.runner.in_process import check_entrypoint
 from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
+from flows.disk_full import paused_for_room
 from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
 from flows.job_settings import check_pool, job_settings
 from flows.lifecycle import continue_lines
@@ -417,8 +418,10 @@ def _train(
             with stop.signals_handled():
                 best = trials.run(todo, searcher, limit, stop)
         except BaseException as err:  # a failure, or a second Ctrl-C: no run stays RUNNING
-            _end_abruptly(client, runs, run_key, trials.table, err)
-            raise
+            if not paused_for_room(client, runs, run_key, trials.table, stop, err):
+                _end_abruptly(client, runs, run_key, trials.table, err)
+                raise
+            best = None  # a full disk: paused, to continue once there is room
         finally:
             if trials.queue is not None:
                 trials.queue.end(paused=stop.mode == "pause")
@@ -547,7 +550,8 @@ def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key
             get_run_logger().warning("experiment %s paused; continue with: %s", short, how)
             suspend_flow_run(timeout=PAUSED_FOR_S, key=uuid.uuid4().hex)
         how = f"python -m flows.experiment {config_path} --activate {run_key}"
-        message = f"experiment {short} paused (trials checkpointed); continue with: {how}"
+        why = f": {stop.why}," if stop.why else " (trials checkpointed);"
+        message = f"experiment {short} paused{why} continue with: {how}"
     else:
         done = "killed (no checkpoint)" if stop.mode == "kill" else "canceled (trials checkpointed)"
         message = f"experiment {short} {done}: runs ended KILLED, det.state {stop.state}"

@@ -86,6 +86,8 @@ class StopControl:
         self._last_beat = 0.0
         self._pending: str | None = None  # set by a signal handler, acted on by poll()
         self.requested_at: float | None = None  # monotonic time of the first stop request
+        # Why the flow paused itself, when no one asked (a full disk: flows.disk_full).
+        self.why: str | None = None
 
     @property
     def state(self) -> str | None:

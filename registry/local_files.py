@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from det_tasks.checkpoints.disk_full import CheckpointSpaceFull, no_space, os_error_text
 from det_tasks.errors import CheckpointError
 from registry.containment import Boundary
 
@@ -76,8 +77,11 @@ class FileLocation:
                 shutil.rmtree(self.path)
             os.rename(tmp, self.path)
         except OSError as err:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"writing {self.path} failed: {err.strerror or err}") from None
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing partial is left
+            full = no_space(err)
+            if full is not None:  # the one wording of a full disk (det_tasks.checkpoints)
+                raise CheckpointSpaceFull(str(self.path.parent), why=full.why) from None
+            raise CheckpointError(f"writing {self.path} failed: {os_error_text(err)}") from None
 
     def files(self) -> list[str]:
         if not self.path.is_dir():

@@ -25,6 +25,13 @@ from typing import Any
 import torch
 
 from det_tasks.checkpoints import format as ckpt
+from det_tasks.checkpoints.disk_full import (
+    UNKNOWN_FOLDER,
+    CheckpointSpaceFull,
+    no_space,
+    os_error_in,
+    os_error_text,
+)
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import CheckpointError
@@ -148,13 +155,17 @@ class CheckpointWriter:
             job.error = self._explain(err, job)
 
     def _explain(self, err: BaseException, job: _Job) -> BaseException:
-        os_error = _os_error_in(err)
+        os_error = os_error_in(err)
         if os_error is None:
             return err
+        full = no_space(err)
+        if full is not None:  # one wording wherever a checkpoint meets a full disk
+            folder = full.folder if full.folder != UNKNOWN_FOLDER else str(job.staged.parent)
+            return CheckpointSpaceFull(folder, job.files.steps, self._last_published, full.why)
         previous = self._last_published or "none"
         return CheckpointError(
             f"writing the checkpoint at batch {job.files.steps} into {job.staged} failed: "
-            f"{os_error.strerror or os_error}; nothing was published and the previous "
+            f"{os_error_text(os_error)}; nothing was published and the previous "
             f"checkpoint ({previous}) is intact. Free space or point checkpoint_storage "
             "elsewhere"
         )
@@ -257,15 +268,3 @@ class _Copier:
                 self.pinned[size] = [b for b in self.pinned[size] if b is not buffer]
         for size in [s for s, bufs in self.pinned.items() if not bufs]:
             del self.pinned[size]
-
-
-def _os_error_in(err: BaseException) -> OSError | None:
-    """The OSError behind ``err`` (itself, or its cause/context chain), if any."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None

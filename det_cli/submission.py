@@ -10,7 +10,6 @@ package's URI, which is all a worker on any machine needs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -35,10 +34,6 @@ __all__ = [
     "register",
     "submit_options",
 ]
-
-# Prefect prints a telemetry notice on its first import in a terminal (a new user's first
-# `det experiment create`); the standard opt-out, unless the user set it either way.
-os.environ.setdefault("DO_NOT_TRACK", "1")
 
 EXPERIMENT_DEPLOYMENT = "experiment/submitted"
 JOB_DEPLOYMENT = "batch-inference/submitted"

@@ -7,4 +7,11 @@ work on the Dask runtime (``cluster``: every step goes through ``cluster.steps``
 it through ``registry``; the trial itself is ``det_tasks``.
 """
 
+import os
+
+# Prefect prints a telemetry notice on its first import in a terminal (a new user's first
+# `det experiment create` or `python -m flows.experiment`): the standard opt-out, set here,
+# before any of this package imports Prefect, unless the user set it either way.
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
 __all__: list[str] = []

@@ -1,7 +1,8 @@
-"""A new user's first ``det`` command in a terminal prints no third-party notice: Prefect
-shows its telemetry notice on its first import in a terminal (a fresh Prefect home, no
-CI), which ``det experiment create`` printed. The same import without ``det`` shows it,
-so the check can see it."""
+"""A new user's first ``det`` command or ``python -m flows.experiment`` in a terminal prints
+no third-party notice: Prefect shows its telemetry notice on its first import in a terminal
+(a fresh Prefect home, no CI), which ``det experiment create`` printed. The same import
+without them shows it, so the check can see it. And ``make install`` prints no setuptools
+notice."""
 
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def in_a_terminal(code: str, home: Path) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_det_shows_no_prefect_telemetry_notice(tmp_path):
+def test_det_and_the_flow_show_no_prefect_telemetry_notice(tmp_path):
     plain = in_a_terminal("import prefect", tmp_path / "plain")
     assert NOTICE in plain  # what a new user saw
-    through_det = in_a_terminal("import det_cli, prefect", tmp_path / "det")
-    assert NOTICE not in through_det and through_det.strip() == ""
+    # det's entry point, and the package `python -m flows.experiment` starts from.
+    for entry in ("det_cli", "flows"):
+        shown = in_a_terminal(f"import {entry}, prefect", tmp_path / entry)
+        assert NOTICE not in shown and shown.strip() == "", (entry, shown)
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,6 +16,7 @@ import torch
 import torch.utils.data
 
 from det_tasks.pytorch import samplers
+from det_tasks.pytorch._data_length import iterable_dataset_refusal
 from det_tasks.pytorch._shuffle import EpochShuffleSampler
 
 __all__ = ["DataLoader", "TorchData", "adapt_batch_sampler", "data_length", "to_device"]
@@ -105,11 +106,7 @@ class DataLoader:
         persistent_workers: bool = False,
     ) -> None:
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            raise TypeError(
-                "det_tasks.pytorch.DataLoader needs a map-style dataset (with __getitem__ and "
-                "__len__) so training can resume mid-epoch; for an IterableDataset return a "
-                "plain torch.utils.data.DataLoader from build_training_data_loader()"
-            )
+            raise TypeError(iterable_dataset_refusal(dataset))
         if batch_sampler is not None and (batch_size != 1 or shuffle or sampler or drop_last):
             raise ValueError(
                 "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and "

@@ -31,6 +31,7 @@ from det_tasks.pytorch._callback import PyTorchCallback, adapt_legacy_signatures
 from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
 from det_tasks.pytorch._context import PyTorchTrialContext
 from det_tasks.pytorch._data import DataLoader, to_device
+from det_tasks.pytorch._data_length import epoch_length, plain_loader_refusal
 from det_tasks.pytorch._feeder import DevicePrefetcher, iterate_batches
 from det_tasks.pytorch._lr_scheduler import LRScheduler
 from det_tasks.pytorch._metrics import TrainingMetricsBuffer, average_across_ranks, check_metrics
@@ -299,15 +300,12 @@ class TrialController:
         self._val_loader = _check_loader(
             self.trial.build_validation_data_loader(), "validation", ctx
         )
-        # Global batches per epoch: each takes one per-slot batch from every rank.
-        epoch_len = len(train_loader) // self.dist.size
-        if epoch_len == 0 and len(train_loader) > 0:
-            raise TrialError(
-                f"the training loader has {len(train_loader)} per-slot batches per epoch, "
-                f"fewer than the {self.dist.size} workers: use more data or fewer slots"
-            )
-        if epoch_len == 0:
-            raise TrialError("build_training_data_loader() returned a loader with no batches")
+        lengths = {
+            "searcher.max_length": opts.max_length,
+            "min_validation_period": opts.validation_period,
+            "min_checkpoint_period": opts.checkpoint_period,
+        }
+        epoch_len = epoch_length(train_loader, self.dist.size, lengths)
         self.epoch_len = epoch_len
         ctx._epoch_len = epoch_len
         self.max_batches = 1 if opts.test_mode else opts.max_length.to_batches(epoch_len)
@@ -545,11 +543,7 @@ def _check_loader(loader: Any, which: str, ctx: PyTorchTrialContext) -> Any:
     if isinstance(loader, torch.utils.data.DataLoader):
         if which == "validation" or not ctx.experimental._data_repro_checks:
             return loader
-        raise TrialError(
-            "build_training_data_loader() returned a torch.utils.data.DataLoader; return "
-            "det_tasks.pytorch.DataLoader (same arguments) so training resumes exactly, or "
-            "call context.experimental.disable_dataset_reproducibility_checks() in __init__"
-        )
+        raise TrialError(plain_loader_refusal(loader))
     raise TrialError(
         f"build_{which}_data_loader() must return a det_tasks.pytorch.DataLoader, got "
         f"{type(loader).__name__}"

@@ -91,3 +91,44 @@ def test_a_nameless_config_is_one_experiment_with_one_parent_and_no_run_left_run
     assert f"MLflow experiment {stem!r} (id {parent.info.experiment_id}), parent run " \
         f"{parent.info.run_id}" in described.stdout, described.stdout  # fmt: skip
     assert trials[0].info.run_id in described.stdout
+
+
+def assert_one_experiment(client, stem: str) -> None:
+    """``stem`` is one MLflow experiment with one parent run, its trial runs under it, no
+    run of it in any other experiment, and every run ended FINISHED."""
+    experiment = client.get_experiment_by_name(stem)
+    assert experiment is not None, stem
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if PARENT_TAG not in r.data.tags]
+    trials = [r for r in runs if r.data.tags.get(PARENT_TAG) == parent.info.run_id]
+    assert len(trials) == len(runs) - 1 >= 1
+    assert {r.info.status for r in runs} == {"FINISHED"}, [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
+    everywhere = [e.experiment_id for e in client.search_experiments()]
+    key = parent.data.tags[EXPERIMENT_RUN_TAG]
+    parents = client.search_runs(everywhere, filter_string=f"tags.`{EXPERIMENT_RUN_TAG}` = '{key}'")
+    assert [p.info.run_id for p in parents] == [parent.info.run_id]
+
+
+def test_a_nameless_config_is_one_experiment_in_the_flow_and_det_tasks_run(deployed, tmp_path):
+    """The other two ways in: ``python -m flows.experiment`` and ``det-tasks run``, each
+    against the stack."""
+    model = nameless_model(tmp_path, "unused")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    stems = {mode: f"noname-{mode}-{uuid.uuid4().hex[:6]}" for mode in ("flow", "run")}
+    for stem in stems.values():
+        shutil.copy(model / "unused.yaml", model / f"{stem}.yaml")
+    commands = {
+        "flow": ["-m", "flows.experiment", str(model / f"{stems['flow']}.yaml")],
+        "run": ["-m", "det_tasks.runner.cli", "run", str(model / f"{stems['run']}.yaml"),
+                str(model), "--no-progress"],
+    }  # fmt: skip
+    for mode, args in commands.items():
+        done = subprocess.run(
+            [sys.executable, *args], cwd=model, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, (mode, done.stderr[-3000:])
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    for stem in stems.values():
+        assert_one_experiment(client, stem)

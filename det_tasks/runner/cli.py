@@ -223,11 +223,15 @@ def _check_config(config_path: Path, model_dir: str | None) -> int:
 
 def _train_in_process(args: argparse.Namespace) -> Any:
     """``run_trial`` of the command line, stopping at a batch boundary (with a checkpoint)
-    on SIGHUP and SIGTERM (det_tasks.runner.stop_signals)."""
+    on SIGHUP and SIGTERM (det_tasks.runner.stop_signals). Not in a rank of a worker group:
+    its launcher (torchrun, horovodrun) ends the ranks by SIGTERM when one fails, and a
+    rank waiting for a batch boundary its peers never reach would hang until SIGKILL."""
+    from det_tasks.runner import worker_group
     from det_tasks.runner.in_process import run_trial
 
     stop = StopSignals()
-    with stop.handled():
+    handled = contextlib.nullcontext() if worker_group.inside_worker_group() else stop.handled()
+    with handled:
         return run_trial(
             args.config,
             args.model_dir,

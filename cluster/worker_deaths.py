@@ -29,8 +29,16 @@ from cluster.environment import accepts
 from cluster.held_trials import StepRequest
 from det_tasks.errors import StepFailed
 from det_tasks.exit_signals import signal_cause
+from registry.settings import RegistrySettings
+from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
 
-__all__ = ["DEATHS_PLUGIN_NAME", "DeathRecorder", "death_cause", "explain_death"]
+__all__ = [
+    "DEATHS_PLUGIN_NAME",
+    "DeathRecorder",
+    "death_cause",
+    "explain_death",
+    "reached_batch",
+]
 
 DEATHS_PLUGIN_NAME = "det-tasks-worker-deaths"
 _NANNY_LOGGER = "distributed.nanny"
@@ -131,6 +139,7 @@ def death_cause(exitcode: int | None) -> str:
     )
 
 
+PROGRESS_METRIC = "progress/batches"  # the harness's batches trained, at every report
 REPORT_WAIT_S = 10.0  # for the Nanny to notice the death and start a fresh worker
 
 
@@ -151,9 +160,31 @@ def explain_death(client: Client, err: BaseException, request: StepRequest) -> S
     return StepFailed(
         request.trial.trial_id,
         request.kind,
-        request.start,
+        reached_batch(request) if request.kind == "train" else request.start,
         f"its Dask worker {worker} died{where}: {cause}{tail}",
     )
+
+
+def reached_batch(request: StepRequest) -> int:
+    """The batch the trial had reached when its worker died, as its MLflow run last heard
+    (``progress/batches``, reported at every training report): not where the step began
+    (a lost host's trial at batch 300-500 was reported "at batch 0"). The step's start
+    when nothing more is known."""
+    settings = RegistrySettings.from_env()
+    if not settings.tracking_uri:
+        return request.start
+    with contextlib.suppress(Exception):  # the store unreachable: the start is still true
+        client = client_for(settings.tracking_uri)
+        tags = f"tags.`{TRIAL_TAG}` = '{request.trial.trial_id}'"
+        runs = client.search_runs(
+            [request.experiment_id],
+            filter_string=f"{tags} and tags.`{PARENT_TAG}` = '{request.parent_run_id}'",
+            max_results=1,
+        )
+        if runs:
+            reported = int(runs[0].data.metrics.get(PROGRESS_METRIC, 0))
+            return max(request.start, reported)
+    return request.start
 
 
 def _report_of(client: Client, name: str, since: float) -> dict[str, Any]:

@@ -25,6 +25,8 @@ import urllib.request
 from pathlib import Path
 
 from cluster.environment import accepts
+from det_tasks.config import ExperimentConfig
+from det_tasks.config.storage_paths import check_checkpoint_storage, local_checkpoint_root
 from det_tasks.home import (
     RECORDING_SETTINGS,
     det_tasks_home,
@@ -39,6 +41,7 @@ __all__ = [
     "EmbeddedPrefectServer",
     "WarmServices",
     "attach_warm_services",
+    "honour_checkpoint_folder",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
 ]
@@ -61,6 +64,45 @@ def use_embedded_defaults() -> dict[str, str]:
     for name, value in chosen.items():
         os.environ[name] = value
     return chosen
+
+
+def honour_checkpoint_folder(cfg: ExperimentConfig) -> str | None:
+    """Keep a run's checkpoints where the config's ``checkpoint_storage`` folder says
+    (``host_path`` [+ ``storage_path``] of ``shared_fs``, ``container_path`` of
+    ``directory``), as ``det-tasks run`` does, when no server or setting chose otherwise:
+    the folder becomes the MLflow artifact root of the experiments this run creates
+    (``<folder>/<experiment>/<run id>/artifacts/checkpoints/<uuid>``). Returns the one line
+    that says where checkpoints go, or None for a config without such a folder. Call it
+    before ``attach_warm_services`` and ``use_embedded_defaults``: the warm workers record
+    under their own root, so a run with another one starts its own workers.
+
+    A setting the user made wins (MLFLOW_TRACKING_URI: that store's artifacts;
+    DET_TASKS_ARTIFACT_ROOT), and the line then says the field is not used and why. An
+    experiment created before keeps the folder it was created with (MLflow fixes it). A
+    folder that cannot be written is a ConfigError, as under ``det-tasks run``."""
+    found = local_checkpoint_root(cfg)
+    if found is None:
+        return None
+    field, folder = found
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return (
+            f"`{field}` = {folder} is not used: MLFLOW_TRACKING_URI is set, so checkpoints go "
+            "to that MLflow's artifact store (det, the MLflow UI and "
+            "load_trial_from_checkpoint_path read them there)"
+        )
+    chosen = os.environ.get("DET_TASKS_ARTIFACT_ROOT")
+    if chosen and Path(chosen).expanduser().resolve() != folder:
+        return (
+            f"`{field}` = {folder} is not used: DET_TASKS_ARTIFACT_ROOT={chosen} is set, so "
+            "checkpoints go under it; unset it to keep them in the config's folder"
+        )
+    check_checkpoint_storage(cfg, "checkpoint_storage")  # writable, as det-tasks run checks
+    os.environ["DET_TASKS_ARTIFACT_ROOT"] = str(folder)
+    return (
+        f"checkpoints go under {folder} (`{field}`), as "
+        "<experiment>/<run id>/artifacts/checkpoints/<uuid>; an experiment created before "
+        "keeps its own folder"
+    )
 
 
 # What a run takes from the warm services' record (infra.warm_home): where its flow and

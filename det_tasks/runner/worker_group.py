@@ -132,14 +132,19 @@ class _Terminated(Exception):
 
 
 def _raise_on_termination() -> Callable[[], None]:
-    """Turn SIGTERM/SIGINT into an exception while waiting, so cleanup runs."""
+    """Turn SIGTERM/SIGINT, and SIGHUP (a closed terminal) unless it was ignored at start
+    (``nohup``), into an exception while waiting, so cleanup runs: the ranks run in a
+    session of their own, which a closed terminal's SIGHUP does not reach."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum: int, frame: Any) -> None:
         raise _Terminated(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = [signal.SIGTERM, signal.SIGINT]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
 
     def restore() -> None:
         for sig, old in previous.items():

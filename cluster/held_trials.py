@@ -251,7 +251,11 @@ class HeldTrialPlugin(WorkerPlugin):
         )
         if self.processes is not None:
             self.processes.begin()
-        self.held = HeldTrial(spec, resume)
+        try:
+            self.held = HeldTrial(spec, resume)
+        except InvalidHP:  # dropped by the searcher: what its __init__ started ends
+            self._end_trial_processes()
+            raise
         self.built += 1
         if self.held.position < request.start:
             self.held.train_to(request.start)  # replay: exact, from the restored checkpoint
@@ -387,7 +391,6 @@ def _run_step(request: StepRequest) -> StepResult:
     try:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
-        plugin.release()  # but what its __init__ started ends
         return _result(worker, request.start, False, started, invalid_hp=str(err))
     except Reschedule:  # another experiment's active trial is here (make_room_for)
         raise

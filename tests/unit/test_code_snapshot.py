@@ -184,3 +184,11 @@ def test_a_weights_mismatch_prints_every_line_of_torchs_message():
         "checkpoint, the shape in current model is torch.Size([1, 8]).",
     ]
     assert "hyperparameters" not in str(failed.value)
+
+
+def test_the_opt_in_is_refused_without_an_experiment_to_resume():
+    from flows.experiment import _check_command_line
+
+    config = str(Path(__file__).resolve().parents[1] / "fixtures" / "flow_model" / "killable.yaml")
+    with pytest.raises(ValueError, match=r"--use-changed-code .* give it with --activate KEY"):
+        _check_command_line([config, "--use-changed-code"])

@@ -686,20 +686,26 @@ def test_flow_ends_the_trials_processes_when_it_finishes(warm_home: Path, tmp_pa
     assert _helpers_left(marker) == []
 
 
+def _helpers_flow(home: Path, params: list[str], output: int) -> subprocess.Popen[str]:
+    """``python -m flows.experiment`` of the helpers' trial in ``home``, in a process group
+    of its own (a terminal's foreground job)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(HELPERS), *params],
+        cwd=home,
+        env=home_env(home),
+        stdout=output,
+        stderr=output,
+        text=True,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.slow
 def test_flow_ends_the_trials_processes_on_ctrl_c(warm_home: Path, tmp_path: Path) -> None:
     """Ctrl-C pauses the experiment: its trial checkpoints and is released, and what it
     started (in the warm worker's process group, not the terminal's) ends with it."""
     marker, started, params = _helper_params(tmp_path, batch_sleep=1.0)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.experiment", str(HELPERS), *params],
-        cwd=warm_home,
-        env=home_env(warm_home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _helpers_flow(warm_home, params, subprocess.PIPE)
     stderr, _ = ctrl_c_midway(proc, started, after_s=2.0)
     assert proc.returncode == 130, stderr[-3000:]
     assert started.read_text() == "3"
@@ -713,14 +719,7 @@ def test_flow_killed_takes_the_trials_processes_with_it(tmp_path: Path) -> None:
     marker, started, params = _helper_params(tmp_path, batch_sleep=1.0)
     home = tmp_path / "home"
     home.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.experiment", str(HELPERS), *params],
-        cwd=home,
-        env=home_env(home),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _helpers_flow(home, params, subprocess.DEVNULL)
     try:
         wait_for(started.exists, 300, "the trial's helpers to start")
         assert started.read_text() == "3" and proc.poll() is None
@@ -731,3 +730,41 @@ def test_flow_killed_takes_the_trials_processes_with_it(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the flow is left
+
+
+# ---- errors in the trial's data loading point at the trial's code -----------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fail", "last_line"),
+    [
+        (
+            "raise",
+            r"error: trial 1 failed in __getitem__ at batch 2( after \d+ attempts)?: "
+            r"ValueError: shard 11 is corrupt \(in DataLoader worker process 0\) "
+            r"\(model_def\.py:24\)",
+        ),
+        (
+            "kill",
+            r"error: trial 1 failed in train at batch [12]( after \d+ attempts)?: DataLoader "
+            r"worker process \(pid \d+\) was killed by signal 9 \(SIGKILL\): out of memory\? .*",
+        ),
+    ],
+)
+def test_flow_points_a_loader_workers_failure_at_the_trials_code(
+    fail: str, last_line: str, warm_home: Path
+) -> None:
+    """A DataLoader worker process that raises in ``__getitem__``, or dies by a signal:
+    the flow's error block names the user's frame (or the signal and its likely cause), and
+    its "trial's code only" traceback holds the trial's frames only."""
+    config = str(CORPUS / "failing_loader" / "const.yaml")
+    proc = _python(warm_home, "flows.experiment", config, f"data.fail={fail}")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    lines = proc.stderr.rstrip().splitlines()
+    assert re.fullmatch(last_line, lines[-1]), lines[-1]
+    if fail == "raise":
+        assert lines[-5:-1] == [
+            "Traceback (the trial's code only):",
+            '  File "model_def.py", line 24, in __getitem__',
+            '    raise ValueError(f"shard {i} is corrupt")',
+            "ValueError: shard 11 is corrupt (in DataLoader worker process 0)",
+        ]

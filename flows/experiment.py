@@ -346,9 +346,9 @@ def _run_experiment(
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings, tracking_uri = _tracking_settings()
-    # Named here once; the name travels to the workers with the overrides (a worker's copy
-    # of the config has a file name of its own).
-    raw, cfg, overrides = named(raw, cfg, config_path, overrides)
+    # Named here once; the name travels to the workers with the overrides they get (a
+    # worker's copy of the config has a file name of its own). ``overrides``: as typed.
+    raw, cfg, carried = named(raw, cfg, config_path, overrides)
     name = str(cfg.name)
     run_key = experiment_key or str(flow_run.get_id() or uuid.uuid4())
     mlflow = client_for(tracking_uri)
@@ -373,7 +373,7 @@ def _run_experiment(
     logger.info("experiment %r: %d trial(s) to start, at most %d at a time", name, len(todo), limit)
     logger.info("MLflow: %s", mlflow_link(tracking_uri, runs.experiment_id))
     chains = functools.partial(
-        TrialChains, cfg, raw, runs, config_path, model_path, overrides, run_key, package, table
+        TrialChains, cfg, raw, runs, config_path, model_path, carried, run_key, package, table
     )
     with _activation_settled(activated, runs, before, code, config_path, run_key):
         best, released, stop = _train(chains, searcher, todo, limit, cfg, runs, run_key, activated)

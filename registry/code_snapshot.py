@@ -16,9 +16,10 @@ user's explicit request, adds one.
 from __future__ import annotations
 
 import dataclasses
-import filecmp
+import hashlib
 import os
 import shutil
+import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,9 @@ class CodeSnapshot:
     uri: str
     folder: Path
     version: str
+    # This host's copy of the package: what the snapshot holds, whatever a trial wrote into
+    # its folder since (None for a package the flow was given, never compared).
+    archive: Path | None
 
 
 def _store() -> Path:
@@ -108,15 +112,27 @@ def _opened(uri: str, archive: Path) -> CodeSnapshot:
             _place(unpack_model_package(archive, staging / "model"), folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return _snapshot(uri, folder)
+    return CodeSnapshot(uri, folder, _version(_archived(archive)), archive)
 
 
-def _snapshot(uri: str, folder: Path) -> CodeSnapshot:
-    # Here, not at the top: registry.mlflow_services imports torch, and registry.activation
-    # (which reads this module's tags) is imported before `--activate` starts anything.
-    from registry.mlflow_services import code_version
+def _archived(archive: Path) -> dict[str, bytes]:
+    """Every file the package holds, by name."""
+    with tarfile.open(archive, mode="r:gz") as tar:
+        return {
+            m.name: f.read()
+            for m in tar.getmembers()
+            if m.isfile() and (f := tar.extractfile(m)) is not None
+        }
 
-    return CodeSnapshot(uri, folder, code_version(folder))
+
+def _version(files: dict[str, bytes]) -> str:
+    """The code version of these files: registry.mlflow_services.code_version's hash (names
+    and bytes, sorted), so the parent run and the trial runs agree."""
+    digest = hashlib.sha256()
+    for name in sorted(files, key=lambda n: n.split("/")):  # as Paths sort
+        digest.update(name.encode())
+        digest.update(files[name])
+    return digest.hexdigest()[:12]
 
 
 def _place(unpacked: Path, folder: Path) -> None:
@@ -141,27 +157,23 @@ def changed_files(
     """How ``model_dir``'s model definition differs from the snapshot, file by file:
     ``NAME changed``, ``NAME added`` or ``NAME removed``, sorted by name."""
     on_disk = dict(model_files(model_dir, excluded_dirs=excluded_dirs))
-    kept = {
-        p.relative_to(snapshot.folder).as_posix(): p
-        for p in snapshot.folder.rglob("*")
-        if p.is_file()
-    }
+    kept = _archived(snapshot.archive) if snapshot.archive else {}
     differences = []
     for rel in sorted(set(on_disk) | set(kept)):
         if rel not in kept:
             differences.append(f"{rel} added")
         elif rel not in on_disk:
             differences.append(f"{rel} removed")
-        elif not _same(on_disk[rel], kept[rel]):
+        elif _read(on_disk[rel]) != kept[rel]:
             differences.append(f"{rel} changed")
     return differences
 
 
-def _same(a: Path, b: Path) -> bool:
+def _read(path: Path) -> bytes | None:
     try:
-        return filecmp.cmp(a, b, shallow=False)
+        return path.read_bytes()
     except OSError:  # vanished since it was listed
-        return False
+        return None
 
 
 def describe_changes(differences: Sequence[str], shown: int = 3) -> str:

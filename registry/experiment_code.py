@@ -102,7 +102,8 @@ def package_code(package: str, model_dir: Path) -> ExperimentCode:
     """The code of an experiment submitted as a package, unpacked into ``model_dir``."""
     from registry.mlflow_services import code_version
 
-    return ExperimentCode(CodeSnapshot(package, model_dir, code_version(model_dir)), None, [], None)
+    snapshot = CodeSnapshot(package, model_dir, code_version(model_dir), None)
+    return ExperimentCode(snapshot, None, [], None)
 
 
 def adopt_code(client: Any, parent_run_id: str, code: ExperimentCode) -> None:

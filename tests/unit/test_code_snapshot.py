@@ -30,6 +30,7 @@ from registry.code_snapshot import (
     take_snapshot,
 )
 from registry.experiment_code import adopt_code, code_for_start, code_verdict
+from registry.mlflow_services import code_version
 from registry.tracking import ERROR_TAG, STATE_TAG, ExperimentRuns
 
 
@@ -64,6 +65,14 @@ def test_a_local_snapshot_is_kept_in_the_home_and_reopened_by_its_uri(home, tmp_
 def test_changed_files_names_each_file_and_how(home, tmp_path):
     model = _model(tmp_path / "model")
     snapshot = take_snapshot(model)
+    assert changed_files(snapshot, model) == []
+    (model / "pkg" / "a-b").mkdir(parents=True)  # "/" and "-" sort apart as text and as paths
+    (model / "pkg" / "a-b" / "c.py").write_text("")
+    (model / "pkg" / "a").mkdir()
+    (model / "pkg" / "a" / "b.py").write_text("")
+    snapshot = take_snapshot(model)
+    assert snapshot.version == code_version(snapshot.folder)  # the trial runs' hash
+    (snapshot.folder / "outputs.txt").write_text("a trial wrote beside its code")
     assert changed_files(snapshot, model) == []
     (model / "model_def.py").write_text("WIDTH = 8\n")
     (model / "util.py").unlink()

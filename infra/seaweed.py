@@ -15,7 +15,7 @@ from typing import Any
 from infra.services import Service, ServiceError, http_ok, kept_secrets, port_open
 from infra.stack_config import BUCKET, StackConfig
 
-__all__ = ["ensure_bucket", "s3_credentials", "seaweed_service"]
+__all__ = ["ensure_bucket", "s3_client", "s3_credentials", "seaweed_service"]
 
 
 def s3_credentials(config: StackConfig) -> dict[str, str]:
@@ -122,7 +122,7 @@ def _filer_listening(config: StackConfig) -> bool:
 def _s3_ready(config: StackConfig) -> bool:
     import botocore.exceptions
 
-    client = _s3_client(config)
+    client = s3_client(config)
     try:
         client.list_buckets()
         return True
@@ -133,7 +133,7 @@ def _s3_ready(config: StackConfig) -> bool:
 def ensure_bucket(config: StackConfig) -> None:
     import botocore.exceptions
 
-    client = _s3_client(config)
+    client = s3_client(config)
     for attempt in range(30):
         try:
             client.head_bucket(Bucket=BUCKET)
@@ -147,7 +147,8 @@ def ensure_bucket(config: StackConfig) -> None:
     raise ServiceError(f"could not create bucket {BUCKET!r} on {config.s3_endpoint}")
 
 
-def _s3_client(config: StackConfig) -> Any:
+def s3_client(config: StackConfig) -> Any:
+    """A boto3 client of the stack's S3, with its keys."""
     import boto3
 
     creds = s3_credentials(config)

@@ -38,7 +38,7 @@ class _Supervisor:
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name, self.argv = name, argv
         self.stopping = False
-        self.stop_signal = signal.SIGTERM
+        self.stop_signal: int = signal.SIGTERM
         self.stopped_at = 0.0
         self.child: subprocess.Popen[bytes] | None = None
 

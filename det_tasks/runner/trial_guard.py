@@ -4,7 +4,8 @@ that exits at once because its Nanny died), the guard ends them.
 
 ``python -m det_tasks.runner.trial_guard PID MARK``: it watches PID (a pidfd: woken the
 moment it exits), and every ``LOOK_S`` notes PID's descendants that are not the platform's
-(the runner sends the ones to keep, one JSON list a line, on the guard's stdin). Once PID is
+(the runner sends the ones to keep, one JSON list a line, on the guard's stdin, as a
+trial begins, and ``null`` once it has ended). Once PID is
 gone it ends those it noted, their descendants, and every process whose environment carries
 MARK (a trial's process started after the last look, or reparented away): SIGTERM, a short
 grace, SIGKILL. It ignores the terminal's and the group's SIGINT, SIGTERM and SIGHUP: it
@@ -45,6 +46,8 @@ def guard(pid: int, mark: str) -> int:
     seen: dict[Key, psutil.Process] = {}
     stdin: int | None = sys.stdin.fileno()
     pending = b""
+    active = False  # a trial runs: its runner's descendants are looked at (each look costs
+    # about 10 ms of CPU among 200 processes: an idle worker's guard does not look)
     while True:
         ready, _, _ = select.select(
             [watch, *([stdin] if stdin is not None else [])], [], [], LOOK_S
@@ -55,9 +58,13 @@ def guard(pid: int, mark: str) -> int:
             chunk = os.read(stdin, 1 << 16)
             stdin = stdin if chunk else None  # closed: the pidfd says whether it exited
             *lines, pending = (pending + chunk).split(b"\n")
-            if lines:
-                kept = {(int(p), float(t)) for p, t in json.loads(lines[-1])}
-        _note(runner, kept, seen)
+            if lines:  # the runner's descendants to keep; null: no trial runs now
+                told = json.loads(lines[-1])
+                active = told is not None
+                kept = {(int(p), float(t)) for p, t in told} if active else kept
+                seen = seen if active else {}
+        if active:
+            _note(runner, kept, seen)
     end_processes(_left(seen, kept, mark))
     return 0
 

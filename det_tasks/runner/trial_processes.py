@@ -138,7 +138,7 @@ class TrialProcesses:
     def begin(self) -> None:
         """A trial starts: what runs under this process now is not its."""
         self.kept = {k for k in map(_key, self._descendants()) if k is not None}
-        self._tell_guard()
+        self._tell_guard(sorted(self.kept))
 
     def trials(self) -> list[psutil.Process]:
         """The descendants started since ``begin``: the trial's processes."""
@@ -146,7 +146,9 @@ class TrialProcesses:
 
     def end(self, grace_s: float = GRACE_S) -> list[int]:
         """The trial is over: end its processes (returns their pids)."""
-        return end_processes(self.trials(), grace_s)
+        ended = end_processes(self.trials(), grace_s)
+        self._tell_guard(None)
+        return ended
 
     def close(self) -> None:
         """End the current trial's processes, then the guard."""
@@ -163,13 +165,13 @@ class TrialProcesses:
             return [p for p in children if p.pid not in platform and not is_guard(p)]
         return []
 
-    def _tell_guard(self) -> None:
+    def _tell_guard(self, kept: list[Key] | None) -> None:
         """The guard ends the trial's processes if this process dies: it must know which
-        descendants are not the trial's."""
+        descendants are not the trial's (None: no trial runs, nothing to look at)."""
         if self.guard is None or self.guard.stdin is None:
             return
         with contextlib.suppress(OSError, ValueError):
-            self.guard.stdin.write((json.dumps(sorted(self.kept)) + "\n").encode())
+            self.guard.stdin.write((json.dumps(kept) + "\n").encode())
             self.guard.stdin.flush()
 
 

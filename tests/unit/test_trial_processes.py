@@ -133,7 +133,7 @@ def test_the_trials_processes_end_and_the_runners_own_stay() -> None:
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace() -> None:
     marker, runner, out, err = _run("stubborn")
     assert out[0] == "6" and out[2:] == ["1", "None"], err
-    assert 2.5 <= float(out[1]) < 6  # GRACE_S (3 s), then SIGKILL
+    assert 2.5 <= float(out[1]) < 9  # GRACE_S (3 s), then SIGKILL (slower on a loaded host)
     assert _settled(marker, runner) == []
 
 

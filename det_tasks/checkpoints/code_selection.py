@@ -108,16 +108,18 @@ def platform_dirs() -> list[Path]:
     """The folders this process's platform writes to (det_tasks' home, Prefect's, the
     det_tasks cache) and the user's home: none of them is ever model code."""
     env = os.environ
-    folders = [
-        env.get("DET_TASKS_HOME") or Path.home() / ".det_tasks",
-        env.get("PREFECT_HOME") or Path.home() / ".prefect",
-        env.get("DET_TASKS_CACHE_DIR") or Path.home() / ".cache" / "det_tasks",
-        Path.home() / ".cache",
-        Path.home(),
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and no passwd entry: only the named folders
+        home = None
+    folders: list[str | Path | None] = [
+        env.get(name) for name in ("DET_TASKS_HOME", "PREFECT_HOME", "DET_TASKS_CACHE_DIR")
     ]
+    if home is not None:
+        folders += [home / ".det_tasks", home / ".prefect", home / ".cache", home]
     if env.get("DET_TASKS_ARTIFACT_ROOT"):
         folders.append(env["DET_TASKS_ARTIFACT_ROOT"])
-    return [Path(f).expanduser() for f in folders]
+    return [Path(f).expanduser() for f in folders if f]
 
 
 def _spec(model_dir: Path, extra: Sequence[str]) -> pathspec.GitIgnoreSpec:

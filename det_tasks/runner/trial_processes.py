@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import ctypes
 import json
+import logging
 import multiprocessing
 import os
 import subprocess
@@ -41,6 +42,7 @@ __all__ = [
     "trial_processes",
 ]
 
+logger = logging.getLogger(__name__)
 OWNERS_ENV = "DET_TASKS_TRIAL_OWNERS"  # marks of every runner a process descends from
 GRACE_S = 3.0  # SIGTERM, then this long, then SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -126,11 +128,15 @@ class TrialProcesses:
         mark = f"{me.pid}-{me.create_time():.3f}"
         owners = [m for m in os.environ.get(OWNERS_ENV, "").split(",") if m]
         os.environ[OWNERS_ENV] = ",".join([*owners, mark])
-        guard = subprocess.Popen(
-            [sys.executable, "-m", GUARD_MODULE, str(me.pid), mark],
-            stdin=subprocess.PIPE,
-            close_fds=True,
-        )
+        guard = None
+        try:
+            guard = subprocess.Popen(
+                [sys.executable, "-m", GUARD_MODULE, str(me.pid), mark],
+                stdin=subprocess.PIPE,
+                close_fds=True,
+            )
+        except OSError as err:  # the trial's processes still end with it, not with a kill
+            logger.warning("no guard for this process's trials (%s)", err)
         processes = cls(guard)
         processes.begin()
         return processes

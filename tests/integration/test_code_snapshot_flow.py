@@ -20,16 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import (
-    ctrl_c_midway,
-    group_alive,
-    home_env,
-    killable_runs,
-    paused_at_the_stop_batch,
-)
+from tests.integration import helpers
+from tests.integration.helpers import ctrl_c_midway, killable_runs, paused_at_the_stop_batch
 
-REPO = Path(__file__).resolve().parents[2]
-FLOW_MODEL = REPO / "tests" / "fixtures" / "flow_model"
 SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop it midway
 WIDE = "nn.Linear(2, hidden + 2), nn.Tanh(), nn.Linear(hidden + 2, 1)"
 NARROW = "nn.Linear(2, hidden), nn.Tanh(), nn.Linear(hidden, 1)"
@@ -37,7 +30,7 @@ NARROW = "nn.Linear(2, hidden), nn.Tanh(), nn.Linear(hidden, 1)"
 
 def _model(home: Path) -> Path:
     """The user's copy of the flow tests' XOR example, to edit."""
-    return Path(shutil.copytree(FLOW_MODEL, home / "model"))
+    return Path(shutil.copytree(helpers.FLOW_MODEL, home / "model"))
 
 
 def _experiment(home: Path, model: Path, *args: str) -> subprocess.Popen[str]:
@@ -47,7 +40,7 @@ def _experiment(home: Path, model: Path, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "flows.experiment", config, SLOW_BATCHES, *args],
             cwd=home,
-            env=home_env(home),
+            env=helpers.home_env(home),
             stdout=stdout,
             stderr=subprocess.PIPE,
             text=True,
@@ -67,7 +60,7 @@ def _paused(home: Path, model: Path, pid_file: Path, *args: str) -> str:
     output = _output(home, stderr)
     assert proc.returncode == 130, output[-3000:]
     time.sleep(1)
-    assert group_alive(proc.pid) == []
+    assert helpers.group_alive(proc.pid) == []
     return output
 
 

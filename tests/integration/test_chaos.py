@@ -216,7 +216,7 @@ def _assert_recorded_once_and_equal(chaos: _Chaos, references: dict[int, Path]) 
         assert sorted(m.step for m in history) == TRAINING_STEPS, (run_id, history)
         records = checkpoint_records(chaos.mlflow, run_id)
         assert [r["steps_completed"] for r in records] == CHECKPOINTS, (run_id, records)
-        width = int(run.data.params["hidden"])
+        width = int(run.data.params["hp.hidden"])
         with environment(**chaos.cluster.env):
             got = pytorch.load_trial_from_checkpoint_path(records[-1]["uri"])
         # Written under another home (its own signing key): loaded with the class, as code.

@@ -57,13 +57,19 @@ from hosts import KILLABLE, TRAINING, missing_steps, spans  # noqa: E402
 
 from infra import dask_cluster  # noqa: E402
 from infra import stack as stack_lib  # noqa: E402
+from infra.services import port_open  # noqa: E402
 from infra.stack_config import StackConfig  # noqa: E402
 from tests.integration.helpers import env_without_platform  # noqa: E402
 from tests.integration.hosts_helpers import trial_run  # noqa: E402
 
-# Offset of bench/det_latency.py's ports, apart from bench/hosts.py's (500, 520); shifted by
-# DET_TASKS_TEST_PORT_OFFSET, so two checkouts can run it at once.
-PORTS = 560
+# Offset of bench/det_latency.py's ports: every port (24-32 thousand, S3's gRPC 9-10
+# thousand) below the ephemeral range (32768-60999), so while the stack is down no other
+# program's random listening port (a Dask worker's, a dashboard's) can take one of them (it
+# did, at 560 + 8900: `up` refused "port 47641 (for seaweedfs) is already in use"); ports
+# ending in 31-39, 50, 51, 83, 84: apart from the tests' (isolated_stack_config at offsets of
+# 100) and bench/hosts.py's.
+PORTS = -7050
+QUIET_S = 5.0  # no training metric stamped for this long: the trial stopped training
 POLL_S = 0.2  # how often MLflow is looked at (the times' resolution)
 RECOVERY_TIMEOUT_S = 600  # the flow's Dask client waits up to 10 min for its scheduler
 FAULTS = ("scheduler", "launcher", "stack")
@@ -77,11 +83,15 @@ class Outcome:
     fault: str
     fault_at: float
     restart_at: float  # the scheduler's or the stack's start, or the continue command's
-    last_before: int  # the trial's last training metric stamped before the fault
+    last_before: int = 0  # the trial's last training metric stamped before the restart
+    continue_at: float | None = None  # when the ``--activate`` command started
     metric_at: float = 0.0  # when its next training metric was seen in MLflow
     metric_step: int = -1
     resumed: str = ""  # "warm", or the batch of the checkpoint it restored from
     continued: str = ""  # how it went on: the same flow, or --activate
+    workers_at: float | None = None  # when the scheduler listed every worker again
+    done_at: float = 0.0  # when the (continued) flow ended 0
+    notes: list[str] = dataclasses.field(default_factory=list)  # what else was seen
     misses: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -109,6 +119,9 @@ class Bench:
         self.env = env_without_platform(**env, PYTHONPATH=str(ROOT))
         self.mlflow = client_for(env["MLFLOW_TRACKING_URI"])
         self.reference: float | None = None  # the undisturbed run's final validation loss
+        self.scheduler = env["DET_TASKS_DASK_SCHEDULER"]
+        self.workers = len(until(lambda: dask_cluster.registered_workers(self.scheduler), 120,
+                                 "the stack's Dask workers"))  # fmt: skip
 
     def launch(self, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
         """``python -m flows.experiment killable.yaml`` as a user types it, in a home of its
@@ -153,12 +166,15 @@ def midway(bench: Bench, name: str, flow: subprocess.Popen[bytes]) -> str:
 
 
 def next_metric(
-    bench: Bench, run_id: str, outcome: Outcome, flow: subprocess.Popen[bytes] | None
-) -> None:
-    """Wait for a training metric past the newest MLflow held when the restart began, and
-    stamped after it (not one the sink sent late)."""
-    newest = bench.newest_step(run_id)
+    bench: Bench, run_id: str, outcome: Outcome, flow: subprocess.Popen[bytes], newest: int
+) -> int | None:
+    """Wait for a training metric past ``newest`` (what MLflow held as the restart began:
+    the sink never sends a batch twice, so replayed ones show no point) and stamped after
+    the restart; note when every worker is back. None once it came, else the flow's exit
+    code (it ended first: 0 when it had no batch left to train)."""
     while True:
+        if outcome.workers_at is None and _all_workers(bench):
+            outcome.workers_at = time.time()
         newer = [
             p.step
             for p in bench.points(run_id)
@@ -166,21 +182,32 @@ def next_metric(
         ]
         if newer:
             outcome.metric_at, outcome.metric_step = time.time(), min(newer)
-            return
+            return None
+        if flow.poll() is not None:
+            if flow.returncode == 0:
+                outcome.notes.append(f"the flow ended with no batch left to train past {newest}")
+            return flow.returncode
         since = time.time() - outcome.fault_at
-        if (flow is not None and flow.poll() is not None) or since > RECOVERY_TIMEOUT_S:
-            ended = None if flow is None else flow.poll()
-            raise RuntimeError(f"no training metric {since:.0f} s after the fault; flow: {ended}")
+        if since > RECOVERY_TIMEOUT_S:
+            raise RuntimeError(f"no training metric {since:.0f} s after the fault")
         time.sleep(POLL_S)
 
 
-def finished(flow: subprocess.Popen[bytes], log: Path, what: str) -> str:
+def _all_workers(bench: Bench) -> bool:
+    return len(dask_cluster.registered_workers(bench.scheduler)) >= bench.workers
+
+
+def finished(
+    flow: subprocess.Popen[bytes], log: Path, what: str, outcome: Outcome | None = None
+) -> str:
     """The flow's log once it ended 0 (else the bench stops, with the log's tail)."""
     try:
         flow.wait(timeout=RECOVERY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         flow.kill()
         flow.wait()
+    if outcome is not None:
+        outcome.done_at = time.time()
     text = log.read_text(errors="replace")
     if flow.returncode != 0:
         raise RuntimeError(f"{what} ended {flow.returncode}:\n{text[-4000:]}")
@@ -238,15 +265,18 @@ def check(bench: Bench, name: str, run_id: str) -> list[str]:
     return misses
 
 
-def undisturbed(bench: Bench) -> float:
-    """The experiment run through once, no fault: its final validation loss."""
+def undisturbed(bench: Bench) -> tuple[float, float]:
+    """The experiment run through once, no fault: its final validation loss, and its
+    command's seconds."""
     name = "fault-bench-undisturbed"
+    began = time.time()
     flow, log = bench.launch(name)
     finished(flow, log, "the undisturbed run")
+    took = time.time() - began
     run_id = bench.trial(name).info.run_id
     (final,) = [m for m in bench.mlflow.get_metric_history(run_id, VALIDATION) if m.step == 120]
     bench.reference = final.value
-    return final.value
+    return final.value, took
 
 
 def scheduler_restart(bench: Bench, name: str) -> Outcome:
@@ -261,10 +291,11 @@ def scheduler_restart(bench: Bench, name: str) -> Outcome:
         fault_at = time.time()
         os.killpg(int(scheduler.pidfile.read_text().strip()), signal.SIGKILL)
         time.sleep(bench.args.down_s)
-        outcome = Outcome("scheduler", fault_at, time.time(), 0, continued="the same flow")
+        outcome = Outcome("scheduler", fault_at, time.time(), continued="the same flow")
+        newest = bench.newest_step(run_id)
         stack_lib.up(bench.config)
-        next_metric(bench, run_id, outcome, flow)
-        text = finished(flow, log, "the flow after the scheduler's restart")
+        next_metric(bench, run_id, outcome, flow, newest)
+        text = finished(flow, log, "the flow after the scheduler's restart", outcome)
     finally:
         _killed(flow)
     return _settled(bench, name, run_id, outcome, text[offset:])
@@ -280,7 +311,27 @@ def launcher_killed(bench: Bench, name: str) -> Outcome:
         flow.wait()
     finally:
         _killed(flow)
-    return continued(bench, name, run_id, Outcome("launcher", fault_at, 0.0, 0))
+    last, after_s = trained_on(bench, run_id, fault_at)
+    outcome = Outcome("launcher", fault_at, time.time())
+    outcome.notes.append(
+        f"the killed flow's step trained on, on its worker, to batch {last} ({after_s:.1f} s "
+        f"after the kill); the continue command started once no metric was stamped for "
+        f"{QUIET_S:g} s"
+    )
+    return continued(bench, name, run_id, outcome)
+
+
+def trained_on(bench: Bench, run_id: str, fault_at: float) -> tuple[int, float]:
+    """The trial's last batch and its stamp (s after the fault) once it stopped training
+    (a killed flow's step may train on, on its worker, with no flow to report to): so the
+    next metric after the continue command is surely the continued experiment's."""
+
+    def stopped() -> tuple[int, float] | None:
+        last = max(bench.points(run_id), key=lambda p: p.timestamp)
+        stamped = last.timestamp / 1000
+        return (last.step, stamped - fault_at) if time.time() - stamped > QUIET_S else None
+
+    return until(stopped, RECOVERY_TIMEOUT_S, "the orphaned step's end", POLL_S)
 
 
 def stack_down_up(bench: Bench, name: str) -> Outcome:
@@ -292,45 +343,51 @@ def stack_down_up(bench: Bench, name: str) -> Outcome:
         offset = log.stat().st_size
         fault_at = time.time()
         stack_lib.down(bench.config)
-        restart_at = time.time()
+        ports_free(bench.config)
+        outcome = Outcome("stack", fault_at, time.time())
+        newest = bench.newest_step(run_id)
         stack_lib.up(bench.config)
-        outcome = Outcome("stack", fault_at, restart_at, 0)
-        until(lambda: flow.poll() is not None or _past(bench, run_id, restart_at), 120,
-              "the flow's end or its next metric after the stack came back", POLL_S)  # fmt: skip
-        if flow.poll() is None:  # it survived: its own next metric
+        ended = next_metric(bench, run_id, outcome, flow, newest)
+        if ended is None or ended == 0:  # it survived: its own next metric
             outcome.continued = "the same flow (it survived)"
-            next_metric(bench, run_id, outcome, flow)
-            text = finished(flow, log, "the flow after the stack's restart")
+            text = finished(flow, log, "the flow after the stack's restart", outcome)
             return _settled(bench, name, run_id, outcome, text[offset:])
-        print(f"      the flow ended {flow.returncode} under the stack's restart", flush=True)
+        outcome.notes.append(f"the flow ended {ended} under the stack's restart")
     finally:
         _killed(flow)
-    return continued(bench, name, run_id, outcome, keep_restart=True)
+    return continued(bench, name, run_id, outcome)
 
 
-def _past(bench: Bench, run_id: str, fault_at: float) -> bool:
-    """Whether a training metric stamped after ``fault_at`` is in MLflow."""
-    return any(p.timestamp / 1000 > fault_at for p in bench.points(run_id))
+def ports_free(config: StackConfig) -> None:
+    """Wait until no one listens on the stack's ports (``up`` refuses a taken one); what
+    holds one after 30 s is printed before ``up`` says so."""
+    ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
+    ports += [p + config.seaweed_grpc_shift for p in ports]
+    ports += [config.mlflow_port, config.prefect_port, config.dask_port]
+
+    def taken() -> list[int]:
+        return [p for p in ports if port_open(p, config.host)]
+
+    with contextlib.suppress(RuntimeError):
+        until(lambda: not taken(), 30, "the stack's ports free", POLL_S)
+    if taken():
+        listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+        held = [line for line in listening.splitlines() if any(f":{p} " in line for p in taken())]
+        print(f"      ports still taken after down: {taken()}: {held}", flush=True)
 
 
-def continued(
-    bench: Bench, name: str, run_id: str, outcome: Outcome, keep_restart: bool = False
-) -> Outcome:
-    """The same command with ``--activate KEY``, timed from its start (and, with
-    ``keep_restart``, from the restart already in ``outcome``) to the next metric."""
+def continued(bench: Bench, name: str, run_id: str, outcome: Outcome) -> Outcome:
+    """The same command with ``--activate KEY``; from its start to the next metric too."""
     key = experiment_key(bench, name)
-    if not keep_restart:
-        outcome.restart_at = time.time()
     outcome.continued = "--activate"
-    started = time.time()
+    newest = bench.newest_step(run_id)
+    outcome.continue_at = time.time()
     flow, log = bench.launch(name, "--activate", key)
     try:
-        next_metric(bench, run_id, outcome, flow)
-        text = finished(flow, log, "the continued experiment")
+        next_metric(bench, run_id, outcome, flow, newest)  # a failure: finished says it
+        text = finished(flow, log, "the continued experiment", outcome)
     finally:
         _killed(flow)
-    if keep_restart:
-        print(f"      from the continue command: {outcome.metric_at - started:.1f} s", flush=True)
     return _settled(bench, name, run_id, outcome, text)
 
 
@@ -362,28 +419,44 @@ WHAT = {
 
 def print_outcome(repeat: int, x: Outcome) -> None:
     replayed = "?" if x.replayed is None else str(x.replayed)
+    if x.metric_step >= 0:
+        metric = (
+            f"next training metric (batch {x.metric_step}) {x.from_restart_s:.1f} s after the "
+            f"restart, {x.from_fault_s:.1f} s after the fault"
+        )
+        if x.continue_at is not None and x.fault != "launcher":
+            metric += f", {x.metric_at - x.continue_at:.1f} s after the continue command"
+    else:
+        metric = "no training metric after the restart"
+    if x.workers_at is not None and x.fault != "launcher":
+        metric += f"; every worker registered again {x.workers_at - x.restart_at:.1f} s after it"
+    resumed = "warm (still held)" if x.resumed == "warm" else f"from the checkpoint at {x.resumed}"
     print(
-        f"   {WHAT[x.fault]}, repeat {repeat}: next training metric (batch {x.metric_step}) "
-        f"{x.from_restart_s:.1f} s after the restart, {x.from_fault_s:.1f} s after the fault; "
-        f"went on by {x.continued}; last batch before the fault {x.last_before}, resumed "
-        f"{'warm (still held)' if x.resumed == 'warm' else f'from the checkpoint at {x.resumed}'}"
-        f"; replayed {replayed}; {'MISS: ' + '; '.join(x.misses) if x.misses else 'all correct'}",
+        f"   {WHAT[x.fault]}, repeat {repeat}: {metric}; went on by {x.continued}; ended "
+        f"{x.done_at - x.restart_at:.1f} s after the restart; last batch before the restart "
+        f"{x.last_before}, resumed {resumed}; replayed {replayed}; "
+        f"{'MISS: ' + '; '.join(x.misses) if x.misses else 'all correct'}"
+        + "".join(f"\n      {note}" for note in x.notes),
         flush=True,
     )
 
 
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):5.1f} s" if values else "    -  "
+
+
 def print_medians(done: list[Outcome]) -> None:
-    print("medians:")
+    print("medians (s; -: no training metric came after the restart):")
     for fault in FAULTS:
         of = [x for x in done if x.fault == fault]
         if not of:
             continue
-        replays = [x.replayed for x in of]
+        came = [x for x in of if x.metric_step >= 0]
         print(
-            f"   {WHAT[fault]:<34} restart -> metric "
-            f"{statistics.median(x.from_restart_s for x in of):5.1f} s; fault -> metric "
-            f"{statistics.median(x.from_fault_s for x in of):5.1f} s; replayed {replays}; "
-            f"misses {sum(1 for x in of if x.misses)} of {len(of)}"
+            f"   {WHAT[fault]:<32} restart -> metric {_median([x.from_restart_s for x in came])}"
+            f"; fault -> metric {_median([x.from_fault_s for x in came])}; restart -> "
+            f"ended {_median([x.done_at - x.restart_at for x in of])}; replayed "
+            f"{[x.replayed for x in of]}; misses {sum(1 for x in of if x.misses)} of {len(of)}"
         )
 
 
@@ -418,10 +491,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--sleep-s", type=float, default=0.2, help="per batch (default 0.2)")
     parser.add_argument("--past", type=int, default=15, help="batches past the checkpoint")
     parser.add_argument("--faults", default=",".join(FAULTS), help="which, comma-separated")
+    parser.add_argument("--keep", type=Path, help="a folder for the stack and the flows' logs")
     parser.add_argument(
         "--port-offset", type=int,
-        default=PORTS + int(os.environ.get("DET_TASKS_TEST_PORT_OFFSET", "0")),
-        help="added to bench/det_latency.py's ports (default 560 + DET_TASKS_TEST_PORT_OFFSET)",
+        default=PORTS,
+        help=f"added to bench/det_latency.py's ports (default {PORTS}: below the ephemeral range)",
     )  # fmt: skip
     args = parser.parse_args()
     unknown = set(args.faults.split(",")) - set(FAULTS)
@@ -435,11 +509,16 @@ def main() -> int:
     print(machine_line(), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the stack's teardown runs
     done: list[Outcome] = []
-    with tempfile.TemporaryDirectory(prefix="bench-faults-") as folder:
+    with (
+        contextlib.nullcontext(str(args.keep))
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="bench-faults-") as folder
+    ):
         tmp = Path(folder)
         with own_stack(tmp / "stack", args.port_offset) as (config, env):
             bench = Bench(config, env, tmp, args)
-            print(f"undisturbed run: final validation loss {undisturbed(bench)!r}", flush=True)
+            loss, took = undisturbed(bench)
+            print(f"undisturbed run: {took:.1f} s, final validation loss {loss!r}", flush=True)
             for i in range(args.repeats):
                 for fault in args.faults.split(","):
                     outcome = RUNS[fault](bench, f"fault-bench-{fault}-{i + 1}")

@@ -141,12 +141,17 @@ def user_traceback(err: BaseException, base: Path | None = None) -> str:
     return "".join(lines).rstrip("\n")
 
 
+# pyproject.toml's packages: the platform even where it runs from a checkout on PYTHONPATH,
+# not installed (then no distribution names them).
+_PROJECT_PACKAGES = ("det_tasks", "registry", "cluster", "searchers", "flows", "det_cli", "infra")
+
+
 @lru_cache(maxsize=1)
 def _platform_packages() -> frozenset[str]:
     """det_tasks, every package installed with it (cluster, flows, registry, ...) and the
     packages plugged into it through its entry points: their frames are the platform's,
     never the user's code to point at."""
-    names = {"det_tasks"}
+    names = set(_PROJECT_PACKAGES)
     ours = importlib.metadata.packages_distributions().get("det_tasks", [])
     for top, distributions in importlib.metadata.packages_distributions().items():
         if set(distributions) & set(ours):

@@ -69,3 +69,28 @@ def test_live_scheduled_and_freshly_restarted_flow_runs_are_left_alone(store):
     assert lifecycle.settle_dead_holders(client, [_flow_run(restarted, "RUNNING", 200)]) == [
         restarted
     ]
+
+
+def test_activate_runs_a_crashed_orphaned_flow_run_again(store, monkeypatch):
+    """The describe line's ``det experiment activate`` for an experiment whose flow died:
+    its Crashed flow run is scheduled again (Prefect's Retry), under the same id; one that
+    Crashed for another reason (its MLflow runs not ORPHANED) is refused."""
+    client, _ = store
+    orphan, _ = _experiment(client, beat_age_s=600, state="ORPHANED")
+    failed, _ = _experiment(client, beat_age_s=600, state="ERROR")
+    proposed: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        lifecycle.prefect_rest, "read_flow_run", lambda run_id: _flow_run(str(run_id), "CRASHED", 9)
+    )
+    monkeypatch.setattr(
+        lifecycle.prefect_rest,
+        "set_flow_run_state",
+        lambda run_id, kind, name, message, force=False: (
+            proposed.append((str(run_id), kind, name)) or "ACCEPT"
+        ),
+    )
+    assert "runs again" in lifecycle.activate(orphan)
+    assert proposed == [(orphan, "SCHEDULED", "AwaitingRetry")]
+    with pytest.raises(Exception, match="is ERROR, not paused"):
+        lifecycle.activate(failed)
+    assert len(proposed) == 1

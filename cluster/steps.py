@@ -80,17 +80,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                 # Cancelled by Dask, not by us (e.g. the client's connection to the
                 # scheduler dropped and was re-made): run it again on any worker.
                 cancelled += 1
-                _logger.warning(
-                    "step %s of trial %s was cancelled by Dask (%s); resubmitting it",
-                    request.kind,
-                    request.trial.trial_id,
-                    future.exception(),
-                )
-                future.release()
-                # Its scheduler may have restarted: it and its workers then lack the
-                # plugins the step needs (waits for the reconnection, up to a limit).
-                reinstall_after_reconnect(client, _address(client))
-                future = _submit(client, request, None, gpus)
+                future = _resubmit_cancelled(client, future, request, gpus)
                 done = _done_event(future)
                 continue
             try:
@@ -136,6 +126,21 @@ class _Stranding:
             self.since, self.workerless = now, workers == 0
         limit = SCHEDULER_AWAY_S if self.workerless else STRANDED_AFTER_S
         return now - self.since >= limit
+
+
+def _resubmit_cancelled(client: Client, future: Any, request: StepRequest, gpus: int) -> Any:
+    """Run a step Dask cancelled on its own again, on any worker. Its scheduler may have
+    restarted: it and its workers then lack the plugins the step needs, installed again
+    first (waiting for the reconnection, up to a limit)."""
+    _logger.warning(
+        "step %s of trial %s was cancelled by Dask (%s); resubmitting it",
+        request.kind,
+        request.trial.trial_id,
+        future.exception(),
+    )
+    future.release()
+    reinstall_after_reconnect(client, _address(client))
+    return _submit(client, request, None, gpus)
 
 
 def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:

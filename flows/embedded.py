@@ -69,14 +69,15 @@ def use_embedded_defaults() -> dict[str, str]:
 def honour_checkpoint_folder(cfg: ExperimentConfig) -> str | None:
     """Keep a run's checkpoints where the config's ``checkpoint_storage`` folder says
     (``host_path`` [+ ``storage_path``] of ``shared_fs``, ``container_path`` of
-    ``directory``), as ``det-tasks run`` does, when no server or setting chose otherwise:
-    the folder becomes the MLflow artifact root of the experiments this run creates
-    (``<folder>/<experiment>/<run id>/artifacts/checkpoints/<uuid>``). Returns the one line
-    that says where checkpoints go, or None for a config without such a folder. Call it
-    before ``attach_warm_services`` and ``use_embedded_defaults``: the warm workers record
-    under their own root, so a run with another one starts its own workers.
+    ``directory``), as ``det-tasks run`` does, when the run records without servers: the
+    folder becomes this process's artifact root, so the experiments it creates keep their
+    runs' artifacts there (``<folder>/<experiment>/<run id>/artifacts/checkpoints/<uuid>``;
+    workers write to a run's own artifact location, warm ones included). Returns the one
+    line that says where checkpoints go, or None for a config without such a folder.
 
-    A setting the user made wins (MLFLOW_TRACKING_URI: that store's artifacts;
+    Callable before or after ``use_embedded_defaults`` / ``attach_warm_services``: a value
+    equal to the home's embedded default (``no_server_recording``) is not the user's. A
+    setting the user made wins (an MLflow store of their own: its artifacts; their
     DET_TASKS_ARTIFACT_ROOT), and the line then says the field is not used and why. An
     experiment created before keeps the folder it was created with (MLflow fixes it). A
     folder that cannot be written is a ConfigError, as under ``det-tasks run``."""
@@ -84,14 +85,17 @@ def honour_checkpoint_folder(cfg: ExperimentConfig) -> str | None:
     if found is None:
         return None
     field, folder = found
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    defaults = no_server_recording(det_tasks_home())
+    tracking = os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking and tracking != defaults["MLFLOW_TRACKING_URI"]:
         return (
-            f"`{field}` = {folder} is not used: MLFLOW_TRACKING_URI is set, so checkpoints go "
-            "to that MLflow's artifact store (det, the MLflow UI and "
+            f"`{field}` = {folder} is not used: MLFLOW_TRACKING_URI={tracking} is set, so "
+            "checkpoints go to that MLflow's artifact store (det, the MLflow UI and "
             "load_trial_from_checkpoint_path read them there)"
         )
-    chosen = os.environ.get("DET_TASKS_ARTIFACT_ROOT")
-    if chosen and Path(chosen).expanduser().resolve() != folder:
+    chosen = os.environ.get("DET_TASKS_ARTIFACT_ROOT") or defaults["DET_TASKS_ARTIFACT_ROOT"]
+    own = chosen != defaults["DET_TASKS_ARTIFACT_ROOT"]
+    if own and Path(chosen).expanduser().resolve() != folder:
         return (
             f"`{field}` = {folder} is not used: DET_TASKS_ARTIFACT_ROOT={chosen} is set, so "
             "checkpoints go under it; unset it to keep them in the config's folder"

@@ -85,6 +85,19 @@ def test_an_unwritable_folder_is_refused_naming_the_field(no_settings: Any, tmp_
     assert "DET_TASKS_ARTIFACT_ROOT" not in os.environ
 
 
+def test_the_embedded_defaults_are_not_the_users_choice(no_settings: Any, tmp_path: Path) -> None:
+    """Called after use_embedded_defaults (or the warm services' attach), the home's own
+    store and artifact folder do not count as the user's settings."""
+    from det_tasks.home import det_tasks_home, no_server_recording
+
+    no_settings.setenv("DET_TASKS_HOME", str(tmp_path / "home"))
+    for name, value in no_server_recording(det_tasks_home()).items():
+        no_settings.setenv(name, value)
+    line = honour_checkpoint_folder(_config({"type": "shared_fs", "host_path": str(tmp_path)}))
+    assert os.environ["DET_TASKS_ARTIFACT_ROOT"] == str(tmp_path.resolve())
+    assert line is not None and line.startswith("checkpoints go under")
+
+
 @pytest.mark.parametrize("storage", [None, {"type": "s3", "bucket": "det-tasks"}])
 def test_no_folder_no_line(no_settings: Any, storage: Any) -> None:
     assert honour_checkpoint_folder(_config(storage)) is None

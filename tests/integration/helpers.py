@@ -1,7 +1,7 @@
 """What several integration tests share: the test stacks' ports, an environment that names
 no platform service (and one with a home of its own), this process's environment changed for
-a while and then put back whole, a Ctrl-C midway through a run, and a quick `det-tasks run`
-of the flow tests' XOR trial."""
+a while and then put back whole, a Ctrl-C (or another signal) midway through a run, and a
+quick `det-tasks run` of the flow tests' XOR trial (its weights when never stopped)."""
 
 from __future__ import annotations
 
@@ -81,20 +81,64 @@ def ctrl_c_midway(proc: subprocess.Popen[str], pid_file: Path, after_s: float) -
     """SIGINT to ``proc``'s process group (a terminal's Ctrl-C; start it with
     ``start_new_session=True``) ``after_s`` seconds after its trial wrote ``pid_file``;
     its stderr and the seconds from the signal to its exit (AssertionError after 120 s)."""
+    return signal_midway(proc, pid_file, after_s)
+
+
+def signal_midway(
+    proc: subprocess.Popen[str],
+    pid_file: Path,
+    after_s: float,
+    signum: int = signal.SIGINT,
+    group: bool = True,
+) -> tuple[str, float]:
+    """``signum`` to ``proc``'s process group (or, ``group=False``, to ``proc`` alone)
+    ``after_s`` seconds after its trial wrote ``pid_file``; its stderr and the seconds from
+    the signal to its exit (AssertionError after 120 s)."""
     deadline = time.monotonic() + 300
     while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pid_file.exists(), proc.communicate()[1][-3000:]
     time.sleep(after_s)
     signalled = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
+    if group:
+        os.killpg(proc.pid, signum)
+    else:
+        os.kill(proc.pid, signum)
     try:
         _, stderr = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired as late:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise AssertionError(f"still running 120 s after Ctrl-C:\n{late.stderr!r:.6000}") from None
+        name = signal.Signals(signum).name
+        raise AssertionError(f"still running 120 s after {name}:\n{late.stderr!r:.6000}") from None
     return stderr, time.monotonic() - signalled
+
+
+def newest_weights(home: Path, checkpoints: Path) -> dict[str, Any]:
+    """The model weights of the newest checkpoint in ``checkpoints``, loaded as in ``home``
+    (whose key signed it)."""
+    from det_tasks import pytorch
+
+    newest = max(checkpoints.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
+    with environment(replace=home_env(home)):
+        trial = pytorch.load_trial_from_checkpoint_path(str(newest.parent))
+    return dict(trial.model.state_dict())
+
+
+def undisturbed_weights(home: Path, *params: str) -> dict[str, Any]:
+    """The flow fixture's killable trial (with ``params``, as ``--param`` values) trained in
+    one ``det-tasks run`` that is never stopped: its final weights, the known answer for a
+    stopped and continued run."""
+    reference_dir = home / "reference"
+    command = [sys.executable, "-m", "det_tasks.runner.cli", "run"]
+    command += [str(FLOW_MODEL / "killable.yaml"), str(FLOW_MODEL), "--no-progress"]
+    command += ["--checkpoint-dir", str(reference_dir)]
+    command += [arg for param in params for arg in ("--param", param)]
+    done = subprocess.run(
+        command, cwd=home, env=home_env(home), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return newest_weights(home, reference_dir)
 
 
 def run_xor_trial(

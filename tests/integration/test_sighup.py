@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import signal
@@ -30,11 +29,15 @@ from tests.integration.helpers import (
     group_alive,
     home_env,
     killable_runs,
+    newest_weights,
     paused_at_the_stop_batch,
+    signal_midway,
+    undisturbed_weights,
 )
 
 CONFIG = FLOW_MODEL / "killable.yaml"  # one trial, 120 batches, checkpoints every 30
 SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop it midway
+NO_SLEEP = "hyperparameters.sleep_s=0"  # the undisturbed reference: the same weights, sooner
 
 
 def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.Popen[str]:
@@ -53,48 +56,6 @@ def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.
     )
 
 
-def _hang_up_midway(proc: subprocess.Popen[str], pid_file: Path, group: bool) -> str:
-    """SIGHUP to ``proc`` (or its whole group) 4 s after its trial started; its stderr."""
-    deadline = time.monotonic() + 300
-    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert pid_file.exists(), proc.communicate()[1][-3000:]
-    time.sleep(4)  # some batches in, past the first periodic checkpoint or before it
-    if group:
-        os.killpg(proc.pid, signal.SIGHUP)
-    else:
-        os.kill(proc.pid, signal.SIGHUP)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired as late:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"still running 120 s after SIGHUP:\n{late.stderr!r:.6000}") from None
-    return stderr
-
-
-def _undisturbed_weights(home: Path) -> dict[str, torch.Tensor]:
-    """The killable trial's final weights, trained in one ``det-tasks run`` never stopped."""
-    reference_dir = home / "reference"
-    command = _det_tasks_command("--checkpoint-dir", str(reference_dir), slow=False)
-    done = subprocess.run(
-        command, cwd=home, env=home_env(home), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _weights(home, reference_dir)
-
-
-def _weights(home: Path, checkpoints: Path) -> dict[str, torch.Tensor]:
-    """The weights of the newest checkpoint in ``checkpoints``, loaded as in ``home`` (whose
-    key signed it)."""
-    from det_tasks import pytorch
-
-    newest = max(checkpoints.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
-    with environment(replace=home_env(home)):
-        trial = pytorch.load_trial_from_checkpoint_path(str(newest.parent))
-    return dict(trial.model.state_dict())
-
-
 def _assert_equal_weights(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
     assert list(want) == list(got)
     for name in want:
@@ -111,7 +72,7 @@ def test_sighup_pauses_the_flow_with_a_checkpoint_and_activate_continues_bit_equ
 
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}")
-    stderr = _hang_up_midway(proc, pid_file, group)
+    stderr, _ = signal_midway(proc, pid_file, 4, signal.SIGHUP, group)
     assert proc.returncode == 130, stderr[-3000:]
     time.sleep(1)
     assert group_alive(proc.pid) == []
@@ -132,14 +93,14 @@ def test_sighup_pauses_the_flow_with_a_checkpoint_and_activate_continues_bit_equ
         MLFLOW_TRACKING_URI=f"sqlite:///{(tmp_path / 'det' / 'mlflow.db')}",
     ):
         got = pytorch.load_trial_from_checkpoint_path(records[-1]["uri"])
-    _assert_equal_weights(_undisturbed_weights(tmp_path), dict(got.model.state_dict()))
+    _assert_equal_weights(undisturbed_weights(tmp_path, NO_SLEEP), dict(got.model.state_dict()))
 
 
 def test_sighup_under_nohup_is_ignored_and_the_experiment_finishes(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}", ignore_hup=True)
-    stderr = _hang_up_midway(proc, pid_file, group=True)
+    stderr, _ = signal_midway(proc, pid_file, 4, signal.SIGHUP)
     assert proc.returncode == 0, stderr[-3000:]
     assert "--activate" not in stderr
     runs = killable_runs(tmp_path)
@@ -148,10 +109,9 @@ def test_sighup_under_nohup_is_ignored_and_the_experiment_finishes(tmp_path: Pat
     assert int(trial.data.metrics["progress/batches"]) == 120
 
 
-def _det_tasks_command(*args: str, slow: bool = True) -> list[str]:
+def _det_tasks_command(*args: str) -> list[str]:
     command = [sys.executable, "-m", "det_tasks.runner.cli", "run", str(CONFIG), str(FLOW_MODEL)]
-    command += ["--no-progress", "--param", SLOW_BATCHES if slow else "hyperparameters.sleep_s=0"]
-    return [*command, *args]
+    return [*command, "--no-progress", "--param", SLOW_BATCHES, *args]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
@@ -199,4 +159,5 @@ def test_det_tasks_run_checkpoints_on_sighup_and_sigterm_and_resume_trains_on(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     newest = max(checkpoints.glob("*/metadata.json"), key=lambda p: p.stat().st_mtime)
     assert checkpoint_format.verify(newest.parent)["steps_completed"] == 120
-    _assert_equal_weights(_undisturbed_weights(tmp_path), _weights(tmp_path, checkpoints))
+    want = undisturbed_weights(tmp_path, NO_SLEEP)
+    _assert_equal_weights(want, newest_weights(tmp_path, checkpoints))

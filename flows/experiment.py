@@ -143,7 +143,11 @@ from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
 from flows.chains import TrialChains, final_segment
 from flows.disk_full import paused_for_room
-from flows.embedded import start_shielded_prefect_server, use_embedded_defaults
+from flows.embedded import (
+    honour_checkpoint_folder,
+    start_shielded_prefect_server,
+    use_embedded_defaults,
+)
 from flows.job_settings import check_pool, job_settings
 from flows.lifecycle import continue_lines
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
@@ -631,6 +635,10 @@ def main(
         return 2
     cfg = checked.cfg
     _say_where_runs_go(warm)
+    # A Determined user's checkpoint_storage folder is where they look (issue 50 item 6).
+    where = honour_checkpoint_folder(cfg)
+    if where:
+        print(where, file=sys.stderr)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     workers = worker_count(cfg)
     with (

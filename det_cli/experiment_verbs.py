@@ -15,6 +15,7 @@ from typing import Any
 from det_cli.continue_verb import add_config_overrides, register_continue
 from det_cli.ids import experiment_run, short_id
 from det_cli.job_verbs import register_set_attributes
+from det_cli.numbers import positive_number
 from det_cli.submission import EXPERIMENT_DEPLOYMENT, FINAL_STATES, submit_options
 from det_cli.unsupported import add_unsupported, refuse_flag
 from det_tasks.errors import DetTasksError
@@ -78,7 +79,12 @@ def register(sub: Any) -> None:
         p.set_defaults(func=cmd_lifecycle, lifecycle=function)
     p = verbs.add_parser("wait", help="wait until it ends; exit 0 only when it completed")
     _id(p)
-    p.add_argument("--polling-interval", type=float, default=5.0, help="seconds (default 5)")
+    p.add_argument(
+        "--polling-interval",
+        type=positive_number("--polling-interval"),
+        default=5.0,
+        help="seconds (default 5)",
+    )
     p.set_defaults(func=cmd_wait)
     _register_download(verbs)
     _register_set(verbs)

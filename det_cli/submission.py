@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from det_cli.numbers import positive_number
 from det_tasks.errors import ConfigError, DetTasksError
 from flows.deployment_runs import log_reader, start_deployment_run
 from flows.job_settings import USER_TAG_PREFIX, check_pool, local_user
@@ -81,7 +82,7 @@ def submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
     parser.add_argument("--deployment", default=deployment, help=f"default: {deployment}")
     parser.add_argument(
         "--max-package-mb",
-        type=float,
+        type=positive_number("--max-package-mb"),
         default=95.0,
         help="refuse model directories larger than this (default 95, Determined's limit)",
     )

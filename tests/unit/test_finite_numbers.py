@@ -149,3 +149,23 @@ def test_cli_refuses_nan_and_infinity_in_one_line(argv: list[str], capsys: Any) 
     assert len(err) == 1
     assert "weight" in err[0] or "priority" in err[0]
     assert "number" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["experiment", "wait", "1a2b3c4d", "--polling-interval", "nan"], "--polling-interval"),
+        (["experiment", "wait", "1a2b3c4d", "--polling-interval", "inf"], "--polling-interval"),
+        (["experiment", "wait", "1a2b3c4d", "--polling-interval", "0"], "--polling-interval"),
+        (["experiment", "create", "c.yaml", ".", "--max-package-mb", "nan"], "--max-package-mb"),
+        (["experiment", "create", "c.yaml", ".", "--max-package-mb=-inf"], "--max-package-mb"),
+    ],
+)
+def test_cli_durations_and_sizes_are_finite_and_positive(
+    argv: list[str], option: str, capsys: Any
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        det(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert option in err and "finite number above 0" in err

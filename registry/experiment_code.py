@@ -103,7 +103,7 @@ def package_code(package: str, model_dir: Path) -> ExperimentCode:
     from registry.mlflow_services import code_version
 
     snapshot = CodeSnapshot(package, model_dir, code_version(model_dir), None)
-    return ExperimentCode(snapshot, None, [], None)
+    return ExperimentCode(snapshot, snapshot, [], None)  # a flow run keeps its package
 
 
 def adopt_code(client: Any, parent_run_id: str, code: ExperimentCode) -> None:
@@ -113,7 +113,7 @@ def adopt_code(client: Any, parent_run_id: str, code: ExperimentCode) -> None:
     from registry.experiment_view import trial_runs_of
 
     parent = client.get_run(parent_run_id)
-    if code.recorded is not None and not code.changed:
+    if not code.changed and parent.data.tags.get(SNAPSHOT_TAG) == code.snapshot.uri:
         return
     runs = [parent_run_id]
     if code.changed:

@@ -201,3 +201,21 @@ def test_the_opt_in_is_refused_without_an_experiment_to_resume():
     config = str(Path(__file__).resolve().parents[1] / "fixtures" / "flow_model" / "killable.yaml")
     with pytest.raises(ValueError, match=r"--use-changed-code .* give it with --activate KEY"):
         _check_command_line([config, "--use-changed-code"])
+
+
+def test_a_submitted_package_is_the_experiments_snapshot(home, tmp_path, mlflow_store):
+    """det experiment create's package: recorded once; resuming with it changes nothing and
+    a failed activation says the code did not change."""
+    from registry.experiment_code import package_code
+
+    client, _ = mlflow_store
+    model = _model(tmp_path / "unpacked")
+    runs = _experiment(client, "submitted-package")
+    code = package_code("s3://det-tasks/packages/abc.tar.gz", model)
+    adopt_code(client, runs.parent_run_id, code)
+    tags = client.get_run(runs.parent_run_id).data.tags
+    assert tags[SNAPSHOT_TAG] == "s3://det-tasks/packages/abc.tar.gz"
+    assert tags[CODE_HISTORY_TAG] == code.snapshot.version
+    adopt_code(client, runs.parent_run_id, package_code(code.snapshot.uri, model))
+    assert client.get_run(runs.parent_run_id).data.tags[CODE_HISTORY_TAG] == code.snapshot.version
+    assert "did not change since it was paused" in code_verdict(code)

@@ -211,9 +211,9 @@ def _end_runs(
         return
     if error is not None:
         _tag_error(client, run_id, error)
-    status, _ = runs.finish(run_id, status, state, progress)
-    if owns_experiment_run:
-        finish_experiment(runs, s3, status)
+    status, state = runs.finish(run_id, status, state, progress)
+    if owns_experiment_run:  # its one trial's end is the experiment's (a pause included)
+        finish_experiment(runs, s3, status, state if status != "FINISHED" else None)
     elif status == "FINISHED":
         parent = client.get_run(runs.parent_run_id)
         collect_trial_garbage(client, s3, parent, run_id)
@@ -246,7 +246,9 @@ def _tag_error(client: Any, run_id: str, error: BaseException) -> None:
         client.set_tag(run_id, ERROR_TAG, text)
 
 
-def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -> None:
+def finish_experiment(
+    runs: ExperimentRuns, s3: Any, status: str = "FINISHED", state: str | None = None
+) -> None:
     """End of an experiment run: GC by policy, the winner on the parent run, the learning
     curves (PNG) and the interactive plots (HTML), the parent's end."""
     client = runs.client
@@ -268,7 +270,7 @@ def finish_experiment(runs: ExperimentRuns, s3: Any, status: str = "FINISHED") -
             )
             if page is not None:
                 _describe_report(runs, page)
-    runs.finish(runs.parent_run_id, status)
+    runs.finish(runs.parent_run_id, status, state)
 
 
 def _describe_report(runs: ExperimentRuns, path: str) -> None:

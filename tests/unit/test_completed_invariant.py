@@ -8,6 +8,7 @@ of 800 were recorded FINISHED / COMPLETED, never validated at 800."""
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,38 @@ def test_a_held_trial_released_short_of_its_length_is_not_completed(
     run = _trial_run(client, key)
     assert (run.info.status, run.data.tags["det.state"]) == (status, state)
     assert (END_REASON_TAG in run.data.tags) == (state == PAUSED)
+
+
+@pytest.mark.parametrize(
+    ("ending", "parent_status", "parent_state"),
+    [
+        ("pause", "KILLED", PAUSED),  # `det-tasks run` stopped by SIGTERM or SIGHUP
+        ("short", "KILLED", PAUSED),  # ended short of its length without a stop
+        ("trained", "FINISHED", COMPLETED),
+    ],
+)
+def test_a_lone_trial_ends_its_experiment_run_as_it_ended(
+    platform: tuple[Any, Path], ending: str, parent_status: str, parent_state: str
+) -> None:
+    """``det-tasks run`` owns its experiment run: the parent says what its one trial says."""
+    from det_tasks.errors import TrialStopped
+    from registry.mlflow_services import trial_services
+
+    client, model = platform
+    name = f"lone-{ending}"
+    with (
+        contextlib.suppress(TrialStopped),
+        trial_services(
+            {"searcher": {"metric": "validation_loss"}}, {}, model_dir=model, experiment_name=name
+        ) as services,
+    ):
+        services.metrics_sink.record_position(20 if ending == "trained" else 8, 20, False)
+        if ending == "pause":
+            raise TrialStopped(PAUSED)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert (parent.info.status, parent.data.tags.get("det.state")) == (
+        parent_status,
+        parent_state,
+    )

@@ -117,7 +117,10 @@ def _leader(service: Service) -> int | None:
     try:
         return pid if os.getpgid(pid) == pid else None
     except ProcessLookupError:
-        return None
+        # The leader exited but its group lives on (a wrapper shell killed alone, its
+        # servers still listening): the group is still the service's, and stopping it
+        # must reach them, or its ports stay taken for the next start.
+        return pid if _live_member(pid) else None
     except PermissionError:  # alive, and not ours to check; treated as not this service
         return None
 

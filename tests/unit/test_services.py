@@ -209,3 +209,27 @@ def test_a_service_healthy_long_before_its_turn_is_not_stopped_as_late(tmp_path:
         assert is_running(quick)
     finally:
         stop_all([slow, quick])
+
+
+def test_a_group_whose_leader_died_is_still_stopped(tmp_path: Path) -> None:
+    """A wrapper shell killed alone (SeaweedFS runs its four parts under one) leaves its
+    servers running in the service's group: a stop must still end them, or their ports
+    stay taken and the next start fails."""
+    service = _service(tmp_path, "wrapper", f"sleep 1000 & echo $! > {tmp_path}/child; wait")
+    assert start_all([service]) == [True]
+    pid_file = tmp_path / "child"
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    leader = int(service.pidfile.read_text())
+    os.kill(leader, signal.SIGKILL)
+    os.waitpid(leader, 0)  # the leader is gone, reaped; its child lives on in its group
+    assert _alive(child)
+    assert is_running(service)
+    assert stop(service) is True
+    deadline = time.monotonic() + 5
+    while _alive(child):  # an orphan: init reaps it
+        assert time.monotonic() < deadline, "the leaderless group's member was not stopped"
+        time.sleep(0.05)

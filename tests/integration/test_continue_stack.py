@@ -155,11 +155,13 @@ def test_a_stack_stopped_under_a_running_experiment_is_settled_and_continues(
     # `make down` alone no longer ends it: its flow runs in a session of its own under
     # Prefect's worker, waits for the services and trains on (test_chaos.py's stack fault,
     # bench/fault_recovery.py). A reboot takes the flow too: so does this test.
-    down(deployed)  # make down
-    with contextlib.suppress(psutil.NoSuchProcess):  # it may have ended with the services
-        flow.kill()
-        flow.wait(timeout=30)
-    up(deployed)  # make up
+    try:
+        down(deployed)  # make down
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may have ended with them
+            flow.kill()
+            flow.wait(timeout=30)
+    finally:
+        up(deployed)  # make up; the session's stack is every later test's too
     listed = _det("experiment", "list")
     assert listed.returncode == 0, listed.stderr[-2000:]
     row = next(line for line in listed.stdout.splitlines() if line.startswith(exp_id))

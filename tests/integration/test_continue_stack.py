@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from infra.stack import deploy, down, up
+from registry.run_states import ORPHAN_AFTER_S
 from registry.tracking import client_for
 from tests.integration.helpers import env_without_platform, wait_for
 
@@ -162,10 +163,16 @@ def test_a_stack_stopped_under_a_running_experiment_is_settled_and_continues(
             flow.wait(timeout=30)
     finally:
         up(deployed)  # make up; the session's stack is every later test's too
-    listed = _det("experiment", "list")
-    assert listed.returncode == 0, listed.stderr[-2000:]
-    row = next(line for line in listed.stdout.splitlines() if line.startswith(exp_id))
-    assert "ACTIVE" not in row and "ERROR" in row, row
+
+    def row() -> str:
+        listed = _det("experiment", "list")
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        return next(line for line in listed.stdout.splitlines() if line.startswith(exp_id))
+
+    # A holder is known dead once its heartbeat is ORPHAN_AFTER_S old (it may be on
+    # another host): until then the experiment may still read ACTIVE, never after.
+    settled = wait_for(lambda: "ERROR" in row(), ORPHAN_AFTER_S + 120, "ERROR in det list")
+    assert settled and "ACTIVE" not in row()
     assert experiment_run(exp_id).state == "CRASHED"
     runs, trial = _trial(client, "stack-down")
     assert {r.info.status for r in runs} <= {"KILLED", "FAILED", "FINISHED"}

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from infra import hosts as hosts_lib
@@ -53,15 +54,17 @@ def test_a_link_cut_for_a_minute_mid_trial_counts_nothing_twice(
             if moved_s is None and busy_hosts(cluster) - {victim}:
                 moved_s = time.monotonic() - t0
             time.sleep(0.5)
+        old_worker = _worker_processes(cluster.config.network.namespace(victim))
         cluster.cut(victim, connected=True)
     summary, _ = finished_flow(flow)
     print(f"host {victim} cut for {CUT_S} s; its trial moved after {moved_s} s")
     assert moved_s is not None, "the trial did not move off the cut host within the cut"
     # Back on the network, the cut host learns it lost its scheduler and closes its worker
     # (Dask's rule), ending the trial it still held: whatever that trial did in the dark
-    # reaches MLflow and S3 now, or never. Checked once nothing of it runs any more.
+    # reaches MLflow and S3 now, or never. Its supervisor then starts a fresh worker, which
+    # holds nothing. Checked once nothing of the old worker runs any more.
     deadline = time.monotonic() + 240
-    while netns.namespace_pids(cluster.config.network.namespace(victim)):
+    while old_worker & set(netns.namespace_pids(cluster.config.network.namespace(victim))):
         assert time.monotonic() < deadline, "the cut host's worker never ended"
         time.sleep(1)
     print(f"the cut host's processes ended {time.monotonic() - t0 - CUT_S:.1f} s after the link")
@@ -69,3 +72,19 @@ def test_a_link_cut_for_a_minute_mid_trial_counts_nothing_twice(
     assert trial.data.tags["det.holder"].startswith(cluster.hostname(survivor) + " "), (
         trial.data.tags
     )
+
+
+def _worker_processes(namespace: str) -> set[int]:
+    """The processes of a host's Dask worker now: every process in its namespace but its
+    supervisor (infra.supervise, which outlives the worker to start it again) and the
+    wrappers it runs under."""
+    lasting: set[int] = set()
+    pids = set(netns.namespace_pids(namespace))
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if "infra.supervise" in " ".join(proc.cmdline()):
+                lasting |= {pid, *(parent.pid for parent in proc.parents())}
+        except psutil.Error:  # gone meanwhile
+            continue
+    return pids - lasting

@@ -45,6 +45,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 OWNERS_ENV = "DET_TASKS_TRIAL_OWNERS"  # marks of every runner a process descends from
 GRACE_S = 3.0  # SIGTERM, then this long, then SIGKILL
+END_ROUNDS = 3  # how often end() looks for what is left
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 Key = tuple[int, float]  # (pid, create_time): a pid the kernel reused is another process
@@ -151,8 +152,16 @@ class TrialProcesses:
         return [p for p in self._descendants() if _key(p) not in self.kept]
 
     def end(self, grace_s: float = GRACE_S) -> list[int]:
-        """The trial is over: end its processes (returns their pids)."""
-        ended = end_processes(self.trials(), grace_s)
+        """The trial is over: end its processes (returns their pids). Looked for again
+        after each round, a few times: one that forked while the others were being ended
+        (a child whose parent exits at once, leaving it to this subreaper) was not among
+        them yet."""
+        ended: list[int] = []
+        for _ in range(END_ROUNDS):
+            this_round = end_processes(self.trials(), grace_s)
+            if not this_round:
+                break
+            ended += this_round
         self._tell_guard(None)
         return ended
 

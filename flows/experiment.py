@@ -10,7 +10,6 @@ Run without a server: ``python -m flows.experiment examples/mnist/const.yaml``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -18,74 +17,17 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from flows.command_line import CommandLine, check_command_line
 from flows.embedded import EmbeddedPrefectServer, WarmServices, attach_warm_services
-
-
-def _split_activate(args: list[str], flag: str = "--activate") -> tuple[list[str], str | None]:
-    """``CONFIG [key=value ...]`` without ``--activate KEY`` (or ``flag KEY``), and KEY
-    (ValueError: no KEY)."""
-    args = list(args)
-    if flag not in args:
-        return args, None
-    at = args.index(flag)
-    if at + 1 >= len(args):
-        raise ValueError(f"{flag} needs the experiment key it printed")
-    key = args.pop(at + 1)
-    args.pop(at)
-    return args, key
-
-
-@dataclasses.dataclass(frozen=True)
-class _CommandLine:
-    """``python -m flows.experiment``'s arguments, checked: the config, its overrides, the
-    key to activate, and the validated config (entrypoint importable)."""
-
-    config: str  # as typed
-    overrides: list[str]
-    experiment_key: str | None
-    cfg: Any  # det_tasks.config.ExperimentConfig
-    use_changed_code: bool = False  # resume with the folder's code, not the snapshot
-
-
-def _check_command_line(args: list[str]) -> _CommandLine:
-    """Validate before anything starts (DetTasksError or ValueError, in the user's words)."""
-    from det_tasks.runner.in_process import check_entrypoint
-    from det_tasks.runner.trial_setup import load_raw_config
-
-    args, key = _split_activate(args)
-    args, continued = _split_activate(args, "--continue")
-    if key is not None and continued is not None:
-        raise ValueError("give --activate KEY or --continue KEY, not both")
-    use_changed = "--use-changed-code" in args
-    args = [a for a in args if a != "--use-changed-code"]
-    if use_changed and key is None and continued is None:
-        raise ValueError(
-            "--use-changed-code resumes a paused experiment with its folder's changed code: "
-            "give it with --activate KEY (a new experiment runs the folder as it is)"
-        )
-    config_path = Path(args[0]).resolve()
-    raw, cfg = load_raw_config(config_path, args[1:])
-    if use_changed or (key is None and continued is None):  # else the flow checks its snapshot
-        check_entrypoint(cfg, config_path.parent)
-    if continued is not None:  # Determined's continue: back to PAUSED, then activated
-        from registry.continuation import continue_in_store
-
-        print(continue_in_store(cfg.name or config_path.stem, continued, raw, cfg), file=sys.stderr)
-        key = continued
-    elif key is not None:  # only an experiment that stopped short continues
-        from registry.activation import check_activation
-
-        check_activation(cfg.name or config_path.stem, key)
-    return _CommandLine(args[0], args[1:], key, cfg, use_changed)
 
 
 def _prestart(
     argv: list[str],
-) -> tuple[_CommandLine | None, EmbeddedPrefectServer | None, WarmServices | None]:
+) -> tuple[CommandLine | None, EmbeddedPrefectServer | None, WarmServices | None]:
     """With valid input, use the home's warm services (infra.warm_home) where they answer,
     else start Prefect's server now, in its own process, while this module imports Prefect,
     MLflow and Dask; the checked command line goes to main, which does not check it again.
@@ -95,7 +37,7 @@ def _prestart(
     if not argv or argv[0] in ("-h", "--help"):
         return None, None, None
     try:
-        checked = _check_command_line(argv)
+        checked = check_command_line(argv)
     except (DetTasksError, ValueError):
         return None, None, None
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
@@ -116,7 +58,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort
 from prefect.flow_runs import suspend_flow_run
-from prefect.runtime import deployment, flow_run
+from prefect.runtime import flow_run
 from prefect.settings import (
     PREFECT_API_URL,
     PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
@@ -135,12 +77,17 @@ from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, work
 from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.experiment_name import experiment_name, named
-from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
-from det_tasks.runner.in_process import check_entrypoint
 from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher
+from flows.activation_start import (
+    PAUSED_FOR_S,
+    activation_settled,
+    code_for,
+    has_deployment,
+    reenter,
+)
 from flows.chains import TrialChains, final_segment
 from flows.disk_full import paused_for_room
 from flows.embedded import (
@@ -154,18 +101,7 @@ from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_sh
 from flows.stopping import StopControl, stop_grace_s
 from flows.trial_table import TrialTable, searcher_batches
 from registry.activation import (
-    RunBefore,
-    activation_progressed,
-    back_to_paused,
-    before_activation,
     check_activatable,
-)
-from registry.experiment_code import (
-    ExperimentCode,
-    adopt_code,
-    code_for_start,
-    code_verdict,
-    package_code,
 )
 from registry.mlflow_services import finish_experiment
 from registry.packages import fetch_package
@@ -237,101 +173,6 @@ def experiment(
         shutil.rmtree(model_path.parent, ignore_errors=True)
 
 
-def _code_for(
-    client: Any,
-    run_key: str,
-    raw: dict[str, Any],
-    cfg: ExperimentConfig,
-    model_path: Path,
-    package: str | None,
-    use_changed_code: bool,
-) -> tuple[Path, ExperimentCode]:
-    """The code this start runs: the package it was submitted as, else the experiment's
-    code snapshot (taken now for a new experiment); says when the folder differs from it.
-    Its entrypoint is checked before any run exists: a retry cannot fix it. Returns the
-    folder the trials import (the snapshot's, whatever ``model_path`` holds now) too."""
-    if package:
-        code = package_code(package, model_path)
-    else:
-        exclusions = code_exclusions(raw, model_path)
-        code = code_for_start(client, run_key, model_path, exclusions, use_changed_code)
-    if code.note:
-        get_run_logger().warning(code.note)
-    check_entrypoint(cfg, code.snapshot.folder)
-    return code.snapshot.folder, code
-
-
-def _reenter(runs: ExperimentRuns, code: ExperimentCode) -> tuple[list[RunBefore], bool]:
-    """Mark an activated experiment's runs RUNNING again (True if they had ended), keeping
-    how they were (a failed activation puts that back), and record the code it runs."""
-    before = before_activation(runs.client, runs.experiment_id, runs.parent_run_id)
-    activated = runs.reopen(runs.parent_run_id)
-    adopt_code(runs.client, runs.parent_run_id, code)
-    return before, activated
-
-
-@contextlib.contextmanager
-def _activation_settled(
-    activated: bool,
-    runs: ExperimentRuns,
-    before: list[RunBefore],
-    code: ExperimentCode,
-    config_path: Path,
-    run_key: str,
-) -> Iterator[None]:
-    """Training an activated experiment: a failure that comes before any trial got past
-    where it stopped changes nothing (_failed_activation)."""
-    try:
-        yield
-    except Exception as err:
-        if activated:
-            _failed_activation(err, runs, before, code, config_path, run_key)
-        raise
-
-
-def _failed_activation(
-    err: Exception,
-    runs: ExperimentRuns,
-    before: list[RunBefore],
-    code: ExperimentCode,
-    config_path: Path,
-    run_key: str,
-) -> None:
-    """An activation that failed before any trial got past where it stopped changes
-    nothing: its runs go back to PAUSED with their checkpoints and code, the error says
-    whether the code changed since the pause, and the same command activates it again (a
-    deployment's run is suspended again, for ``det experiment activate``). Returns when
-    the failure is the run's own (a trial trained on first): it ends ERROR as before."""
-    try:
-        if activation_progressed(runs.client, before):
-            return
-        verdict = code_verdict(code)
-        back_to_paused(runs.client, before, f"{err}\n{verdict}")
-    except Exception:  # MLflow unreachable: the failure stands as it is
-        return
-    short = run_key[:8]
-    how = f"python -m flows.experiment {config_path} --activate {run_key}"
-    if _has_deployment():
-        how = f"det experiment activate {short}"
-    paused = f"experiment {short} stays PAUSED with its checkpoints; continue with: {how}"
-    if _has_deployment():
-        get_run_logger().error("%s\n%s\n%s", err, verdict, paused)
-        suspend_flow_run(timeout=PAUSED_FOR_S, key=uuid.uuid4().hex)
-    if isinstance(err, StepFailed):
-        lines = "\n".join([err.error, verdict, paused])
-        raise StepFailed(
-            err.trial_id,
-            err.phase,
-            err.batch,
-            lines,
-            err.location,
-            err.retryable,
-            err.attempts,
-            err.user_traceback,
-        ) from None
-    raise DetTasksError(f"{err}\n{verdict}\n{paused}") from None
-
-
 def worker_count(cfg: ExperimentConfig) -> int:
     """Workers an experiment can use at once: its concurrency limit, or fewer when its
     searcher cannot run that many trials at once (1 for ``single``)."""
@@ -358,14 +199,14 @@ def _run_experiment(
     mlflow = client_for(tracking_uri)
     if experiment_key:  # before a run exists: an unknown key must not start one
         check_activatable(mlflow, name, experiment_key, tracking_uri)
-    model_path, code = _code_for(mlflow, run_key, raw, cfg, model_path, package, use_changed_code)
+    model_path, code = code_for(mlflow, run_key, raw, cfg, model_path, package, use_changed_code)
     runs = ExperimentRuns(mlflow, name, run_key, raw)
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
         logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
-    command = None if _has_deployment() else (config_path, overrides)
+    command = None if has_deployment() else (config_path, overrides)
     for line in continue_lines(mlflow, runs.experiment_id, run_key, command):
         logger.warning(line)  # a relaunch starts afresh (Determined's create) and says so
-    before, activated = _reenter(runs, code)
+    before, activated = reenter(runs, code)
     searcher = make_searcher(cfg)
     _restore(searcher, runs)
     finished = searcher.finished()
@@ -379,7 +220,7 @@ def _run_experiment(
     chains = functools.partial(
         TrialChains, cfg, raw, runs, config_path, model_path, carried, run_key, package, table
     )
-    with _activation_settled(activated, runs, before, code, config_path, run_key):
+    with activation_settled(activated, runs, before, code, config_path, run_key):
         best, released, stop = _train(chains, searcher, todo, limit, cfg, runs, run_key, activated)
     if released:
         logger.info("released %d held trial(s)", released)
@@ -549,7 +390,7 @@ def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key
     end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, stop.state)
     short = run_key[:8]
     if stop.mode == "pause":
-        if _has_deployment():
+        if has_deployment():
             how = f"det experiment activate {short} (or Resume in the Prefect UI)"
             get_run_logger().warning("experiment %s paused; continue with: %s", short, how)
             suspend_flow_run(timeout=PAUSED_FOR_S, key=uuid.uuid4().hex)
@@ -560,7 +401,7 @@ def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key
         done = "killed (no checkpoint)" if stop.mode == "kill" else "canceled (trials checkpointed)"
         message = f"experiment {short} {done}: runs ended KILLED, det.state {stop.state}"
     get_run_logger().warning(message)
-    if _has_deployment():
+    if has_deployment():
         _end_cancelled(message)
     return Cancelled(message=message)
 
@@ -583,13 +424,6 @@ def _end_cancelled(message: str) -> NoReturn:
 
 # Determined's paused experiments wait for activate indefinitely; Prefect fails a suspended
 # run when its timeout passes, so the timeout is a year.
-PAUSED_FOR_S = 365 * 24 * 3600
-
-
-def _has_deployment() -> bool:
-    return bool(deployment.get_id())
-
-
 def run_settings(prestarted_api: str | None) -> contextlib.AbstractContextManager[Settings]:
     """Prefect settings for one ``python -m flows.experiment`` run.
 
@@ -611,7 +445,7 @@ def run_settings(prestarted_api: str | None) -> contextlib.AbstractContextManage
 def main(
     argv: list[str] | None = None,
     prestarted: EmbeddedPrefectServer | None = None,
-    checked: _CommandLine | None = None,
+    checked: CommandLine | None = None,
     warm: WarmServices | None = None,
 ) -> int:
     """``python -m flows.experiment CONFIG [key=value ...]``: one experiment, no servers
@@ -627,7 +461,7 @@ def main(
         )
         return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
-        checked = checked or _check_command_line(args)
+        checked = checked or check_command_line(args)
         worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
         stop_grace_s()  # DET_TASKS_STOP_GRACE_S too
     except (DetTasksError, ValueError) as err:

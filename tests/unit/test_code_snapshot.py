@@ -196,7 +196,7 @@ def test_a_weights_mismatch_prints_every_line_of_torchs_message():
 
 
 def test_the_opt_in_is_refused_without_an_experiment_to_resume():
-    from flows.experiment import _check_command_line
+    from flows.command_line import check_command_line as _check_command_line
 
     config = str(Path(__file__).resolve().parents[1] / "fixtures" / "flow_model" / "killable.yaml")
     with pytest.raises(ValueError, match=r"--use-changed-code .* give it with --activate KEY"):

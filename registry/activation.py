@@ -18,10 +18,12 @@ the cause is fixed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,8 @@ __all__ = [
     "check_activation",
     "experiment_run_state",
     "not_activatable",
+    "recording_store",
+    "store_errors",
 ]
 
 ACTIVATABLE = frozenset({PAUSED, ORPHANED})
@@ -79,25 +83,41 @@ def experiment_run_state(parent: Any, now: float | None = None) -> str:
 
 
 def check_activation(experiment_name: str, experiment_key: str) -> None:
-    """``check_activatable`` against the MLflow store this process records to
-    (MLFLOW_TRACKING_URI, else the embedded mode's in the det_tasks home), creating nothing:
-    a store that does not exist yet holds no experiment."""
+    """``check_activatable`` against the MLflow store this process records to, creating
+    nothing (``recording_store``)."""
     _refuse_malformed(experiment_key)
+    advice = "; leave --activate out to start a new experiment"
+    uri = recording_store("--activate", experiment_key, advice)
+    with store_errors("--activate", experiment_key, uri):
+        check_activatable(client_for(uri), experiment_name, experiment_key, uri)
+
+
+def recording_store(flag: str, experiment_key: str, advice: str = "") -> str:
+    """The MLflow store this process records to (MLFLOW_TRACKING_URI, else the embedded
+    mode's in the det_tasks home), for ``flag KEY``: a SQLite store that does not exist
+    yet holds no experiment, which is said in one line (with ``advice``), creating nothing."""
     home_store = no_server_recording(det_tasks_home())["MLFLOW_TRACKING_URI"]
     uri = os.environ.get("MLFLOW_TRACKING_URI") or home_store
     database = uri.removeprefix("sqlite:///")
     if uri.startswith("sqlite:///") and not Path(database).is_file():
         raise DetTasksError(
-            f"--activate {experiment_key}: no experiment run has this key: MLflow's store "
-            f"{database} does not exist; leave --activate out to start a new experiment"
+            f"{flag} {experiment_key}: no experiment run has this key: MLflow's store "
+            f"{database} does not exist{advice}"
         )
+    return uri
+
+
+@contextlib.contextmanager
+def store_errors(flag: str, experiment_key: str, uri: str) -> Iterator[None]:
+    """A store that cannot be read (unreachable server, refused credentials, a broken
+    database) in one line for ``flag KEY``; the user's own refusals pass as they are."""
     try:
-        check_activatable(client_for(uri), experiment_name, experiment_key, uri)
+        yield
     except DetTasksError:
         raise
-    except Exception as err:  # unreachable server, refused credentials, broken store
+    except Exception as err:
         raise DetTasksError(
-            f"--activate {experiment_key}: cannot read MLflow at {uri} "
+            f"{flag} {experiment_key}: cannot read MLflow at {uri} "
             f"({type(err).__name__}: {err}); is it up and MLFLOW_TRACKING_URI right?"
         ) from None
 

@@ -18,15 +18,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import uuid
-from pathlib import Path
 from typing import Any
 
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import DetTasksError
-from det_tasks.home import det_tasks_home, no_server_recording
-from registry.activation import already_active, experiment_run_state
+from registry.activation import (
+    already_active,
+    experiment_run_state,
+    recording_store,
+    store_errors,
+)
 from registry.checkpoints import checkpoint_records
 from registry.experiment_view import find_parent, trial_runs_of
 from registry.large_tags import large_tag
@@ -200,26 +202,10 @@ def continue_in_store(
     """``python -m flows.experiment CONFIG --continue KEY``: plan and apply the continuation
     in the MLflow store this process records to (MLFLOW_TRACKING_URI, else the embedded
     mode's in the det_tasks home), before anything starts; returns the line to print."""
-    uri = (
-        os.environ.get("MLFLOW_TRACKING_URI")
-        or (no_server_recording(det_tasks_home())["MLFLOW_TRACKING_URI"])
-    )
-    database = uri.removeprefix("sqlite:///")
-    if uri.startswith("sqlite:///") and not Path(database).is_file():
-        raise DetTasksError(
-            f"--continue {experiment_key}: no experiment run has this key: MLflow's store "
-            f"{database} does not exist"
-        )
+    uri = recording_store("--continue", experiment_key)
     client = client_for(uri)
-    try:
+    with store_errors("--continue", experiment_key, uri):
         plan = plan_continuation(client, experiment_key, cfg)
-    except DetTasksError:
-        raise
-    except Exception as err:  # unreachable server, refused credentials, broken store
-        raise DetTasksError(
-            f"--continue {experiment_key}: cannot read MLflow at {uri} "
-            f"({type(err).__name__}: {err}); is it up and MLFLOW_TRACKING_URI right?"
-        ) from None
     if plan.experiment_name != experiment_name:
         raise DetTasksError(
             f"--continue {experiment_key}: that experiment run is in MLflow experiment "

@@ -12,9 +12,11 @@ SCHEDULER_AWAY_S ends the experiment with a line that says so; it can be continu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 from distributed import Client, Scheduler
 
@@ -25,7 +27,7 @@ from cluster.worker_deaths import DEATHS_PLUGIN_NAME, DeathRecorder
 __all__ = [
     "SCHEDULER_AWAY_S",
     "SchedulerLost",
-    "outlive_scheduler_restarts",
+    "outliving_scheduler_restarts",
     "register_plugins",
     "reinstall_after_reconnect",
 ]
@@ -71,14 +73,22 @@ def send_promptly(client: Client) -> None:
         comm.interval = CLIENT_SEND_INTERVAL_S
 
 
-def outlive_scheduler_restarts(client: Client) -> None:
-    """Let ``client`` reconnect for SCHEDULER_AWAY_S after losing its scheduler. distributed
-    retries for the client's connect timeout (30 s by default), which is also how long a
-    first connection may take; a restart of the scheduler's host takes longer, while a
-    wrong address should still fail within those 30 s. So the retry window is set once
-    connected (distributed keeps it on the client as ``_timeout``)."""
-    if hasattr(client, "_timeout"):
+@contextlib.contextmanager
+def outliving_scheduler_restarts(client: Client) -> Iterator[Client]:
+    """Let ``client`` reconnect for SCHEDULER_AWAY_S after losing its scheduler, for the
+    block. distributed retries for the client's connect timeout (30 s by default), which is
+    also how long a first connection may take; a restart of the scheduler's host takes
+    longer, while a wrong address should still fail within those 30 s. So the retry window
+    is set once connected (distributed keeps it on the client as ``_timeout``), and put
+    back after the block: a client's close waits up to twice that value."""
+    before = getattr(client, "_timeout", None)
+    if before is not None:
         client._timeout = SCHEDULER_AWAY_S
+    try:
+        yield client
+    finally:
+        if before is not None:
+            client._timeout = before
 
 
 def reinstall_after_reconnect(client: Client, address: str) -> None:

@@ -33,7 +33,7 @@ from cluster.devices import gpu_count, gpu_groups
 from cluster.environment import EXPECTED_WORKERS_ENV, SCHEDULER_ENV, accepts
 from cluster.reconnect import (
     CLIENT_SEND_INTERVAL_S,
-    outlive_scheduler_restarts,
+    outliving_scheduler_restarts,
     register_plugins,
     send_promptly,
 )
@@ -60,8 +60,10 @@ def dask_client(n_workers: int = 2, gpu_slots: int = 1) -> Iterator[Client]:
     address = os.environ.get(SCHEDULER_ENV)
     if address:
         _raise_if_it_failed_to_start(address)
-        with Client(address, set_as_default=True) as client:
-            outlive_scheduler_restarts(client)  # a stack's scheduler may restart under it
+        with (
+            Client(address, set_as_default=True) as client,
+            outliving_scheduler_restarts(client),  # a stack's scheduler may restart under it
+        ):
             _wait_for_workers(client, int(os.environ.get(EXPECTED_WORKERS_ENV, "1")))
             register_plugins(client)
             yield client

@@ -25,6 +25,7 @@ from cluster.worker_deaths import explain_death
 
 __all__ = [
     "StepFuture",
+    "StepAbandoned",
     "StepStranded",
     "release_on",
     "run_step_explained",
@@ -52,6 +53,15 @@ class StepStranded(RuntimeError):
     """A step that no worker of the cluster can run (the watchdog's loud failure)."""
 
 
+class StepAbandoned(RuntimeError):
+    """The flow closed its Dask client while a step was still being waited on (the flow is
+    ending: another trial failed, or it was stopped); nothing more can be learnt of it."""
+
+
+# A closing client's stopped event loop would hang any call made through it.
+_CLIENT_GONE = ("closing", "closed")
+
+
 def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
     """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
     and wait for its result; a lost worker surfaces as distributed.KilledWorker.
@@ -73,7 +83,10 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
             # Waited on an event, not Future.result(timeout=...): under a heavy load the
             # latter's timeout can race the result inside distributed.utils.sync, which then
             # raised UnboundLocalError ('result') out of a step that was still running.
-            if done.wait(WATCH_INTERVAL_S):
+            finished = done.wait(WATCH_INTERVAL_S)
+            if client.status in _CLIENT_GONE:
+                raise _abandoned(request)
+            if finished:
                 if future.status != "cancelled" or cancelled >= MAX_CANCELLED_RESUBMITS:
                     result: StepResult = future.result()
                     return result
@@ -86,6 +99,8 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
             try:
                 state, restrictions, workers = _task_state(client, future.key)
             except OSError:  # the scheduler is away: its reconnection cancels the step
+                if client.status in _CLIENT_GONE:
+                    raise _abandoned(request) from None
                 continue
             if state != "no-worker":
                 stranding.clear()
@@ -136,11 +151,33 @@ def _resubmit_cancelled(client: Client, future: Any, request: StepRequest, gpus:
         "step %s of trial %s was cancelled by Dask (%s); resubmitting it",
         request.kind,
         request.trial.trial_id,
-        future.exception(),
+        _cancel_reason(future),
     )
     future.release()
     reinstall_after_reconnect(client, _address(client))
     return _submit(client, request, None, gpus)
+
+
+def _cancel_reason(future: Any) -> str:
+    """Why Dask cancelled ``future``, as it recorded it, read without a call through the
+    client's event loop (which may be stopping)."""
+    state = getattr(future, "_state", None)
+    reason = getattr(state, "exception", None)
+    return str(reason) if reason is not None else "no reason given"
+
+
+def _batches(request: StepRequest) -> str:
+    if request.stop is None:  # to the searcher's length, decided on the worker
+        return f"from batch {request.start}"
+    return f"batches {request.start}..{request.stop}"
+
+
+def _abandoned(request: StepRequest) -> StepAbandoned:
+    return StepAbandoned(
+        f"step {request.kind} of trial {request.trial.trial_id} ({_batches(request)}) "
+        "was still running when the flow closed its Dask "
+        "client: the flow is ending, and its trials' runs end with it"
+    )
 
 
 def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
@@ -148,8 +185,8 @@ def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
     wanted = _resources(request, gpus) or {}
     need = " with " + ", ".join(f"{k}={v:g}" for k, v in wanted.items()) if wanted else ""
     return StepStranded(
-        f"step {request.kind} of trial {request.trial.trial_id} (batches "
-        f"{request.start}..{request.stop}) found no worker{need} to run it for "
+        f"step {request.kind} of trial {request.trial.trial_id} ({_batches(request)}) "
+        f"found no worker{need} to run it for "
         f"{STRANDED_AFTER_S:.0f} s; the cluster has {workers} worker(s)"
     )
 

@@ -19,7 +19,12 @@ Prefect server and Dask workers instead of starting its own.
 Targets (issue 24): <= 10 s warm, <= 15 s fresh. The host's load is printed beside the
 figures: on a shared machine compare only figures from the same run.
 
-    python bench/startup.py [--repeats 3]
+``--floor`` (issue 53, item 2) instead runs Prefect's own one-task flow (``FLOOR_FLOW``: one
+trivial task on the ephemeral server Prefect starts itself) against the 1-batch run above,
+both whole processes in warm homes, interleaved, and prints one line per figure: each
+wall's median, their ratio (target <= 1.3) and the 1-batch run's phases.
+
+    python bench/startup.py [--repeats 3] [--floor]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import math
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.flow_latency import run_in_home
+from bench.flow_latency import _no_server_env, run_in_home
 from flows.embedded import PRESTART_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +52,17 @@ ONE_BATCH = ["searcher.max_length={batches: 1}", "min_validation_period={batches
 STAMP = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (.*)$")
 FIRST_STEP = re.compile(r"trained to batch \d+ on \S+ \((?:warm|restored from [^,]+), ([\d.]+) s\)")
 PHASES = ("imports", "server", "flow", "first step", "shutdown", "wall")
+# Prefect's floor: the least a flow run costs as a whole process on its ephemeral server.
+FLOOR_FLOW = """
+from prefect import flow, task
+@task
+def one() -> int:
+    return 1
+@flow
+def floor() -> int:
+    return one()
+floor()
+"""
 
 
 def _clock(text: str, day: datetime) -> float:
@@ -102,10 +119,50 @@ def _warm_services(home: Path, command: str) -> None:
         sys.exit(f"warm services {command} failed:\n{done.stderr[-4000:]}")
 
 
+def floor_once(home: Path) -> float:
+    """Prefect's one-task flow as a whole process in ``home``: its wall in seconds."""
+    t0 = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_FLOW], cwd=home, env=_no_server_env(home), capture_output=True
+    )
+    if done.returncode:
+        sys.exit(f"Prefect's one-task flow failed ({done.returncode}):\n{done.stderr[-4000:]!r}")
+    return time.time() - t0
+
+
+def against_the_floor(repeats: int) -> None:
+    """Issue 53 item 2: the 1-batch run against Prefect's own one-task flow, warm homes,
+    interleaved; one line per figure."""
+    load_before = os.getloadavg()[0]
+    ours: list[dict[str, float]] = []
+    floor: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        homes = Path(tmp) / "ours", Path(tmp) / "floor"
+        for home in homes:
+            home.mkdir()
+        run_once(homes[0])  # warm the homes; not counted
+        floor_once(homes[1])
+        for _ in range(repeats):
+            ours.append(run_once(homes[0]))
+            floor.append(floor_once(homes[1]))
+    ours_s = statistics.median(r["wall"] for r in ours)
+    floor_s = statistics.median(floor)
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
+    print(f"prefect one-task flow, warm home, median of {repeats}: {floor_s:.2f} s {floor}")
+    print(f"1-batch flows.experiment, warm home, median of {repeats}: {ours_s:.2f} s")
+    print(f"ratio (target <= 1.3): {ours_s / floor_s:.3f}")
+    for phase in PHASES[:-1]:
+        print(f"  {phase}: {statistics.median(r[phase] for r in ours):.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--floor", action="store_true", help="against Prefect's own flow")
     args = parser.parse_args()
+    if args.floor:
+        against_the_floor(args.repeats)
+        return
     load_before = os.getloadavg()[0]
     columns = [(home, prestart) for home in ("fresh", "warm") for prestart in (True, False)]
     columns.append(("services", True))

@@ -7,9 +7,16 @@ started each flow. Each flow says at each wake-up what it runs and what it would
 (``sync``), and learns what it may start and what it must preempt: the flows' reports are
 the truth, so the queue survives a flow run's restart (its job is dropped when its Dask client
 leaves, or after STALE_AFTER_S without a word) and is rebuilt from the flows' next reports
-after a scheduler restart. ``det job list`` and ``det job update`` reach it through Dask's
-own RPC (the handlers registered below), as ``det experiment pause`` reaches the stop
-requests in the scheduler's metadata.
+after a scheduler restart. Flows reach it through Dask's own RPC (the handlers registered
+below); ``det`` reaches it over the scheduler's HTTP server (cluster.queue_http), without
+importing Dask.
+
+``det experiment create`` queues the experiment the moment its flow run exists
+(``preregister``): its trials wait in the queue with its priority and weight, so slots that
+free while its flow is still starting are kept for it as fair share says. Its flow's first
+report takes the same entry over (same key). A pre-registered job whose flow has not
+reported within STALE_AFTER_S is dropped like any silent job: its slots go back to the
+others, and its flow's first report, if it ever comes, queues it again.
 
 A worker belongs to the resource pool named by its Dask resource ``pool-<name>`` (the
 stack's workers: ``pool-default``); a cluster whose workers name none is one pool,
@@ -56,6 +63,7 @@ class _Job:
     waiting: tuple[int, ...] = ()
     preempting: set[int] = dataclasses.field(default_factory=set)
     paused: bool = False
+    pending: bool = False  # queued by `det experiment create`; its flow has not reported yet
     reason: str = ""
 
     def demand(self) -> JobDemand:
@@ -117,7 +125,7 @@ class JobQueue(SchedulerPlugin):
         and the job's settings in force (an update may have changed them)."""
         now = time.monotonic()
         entry = self._entry(key, job)
-        entry.seen, entry.paused = now, False
+        entry.seen, entry.paused, entry.pending = now, False, False
         entry.running = {t: entry.running.get(t, now) for t in running}
         entry.preempting &= set(running)
         entry.waiting = tuple(waiting)
@@ -152,18 +160,36 @@ class JobQueue(SchedulerPlugin):
             self.overrides.pop(key, None)
         return True
 
+    def preregister(self, key: str, job: dict[str, Any]) -> dict[str, Any]:
+        """``det experiment create``: queue the experiment before its flow reports, its
+        first ``max_trials`` trials waiting (a trial takes ``slots_per_trial`` GPUs in a pool
+        of GPU workers, else one worker). A job already known (its flow reported first) is
+        left as it is. Returns its key, whether it is new, and its settings in force."""
+        known = key in self.jobs
+        if not known:
+            pool = str(job.get("pool", DEFAULT_POOL))
+            gpus = any(ws.resources.get("GPU") for ws in self._workers()
+                       if worker_pool(ws.resources) == pool)  # fmt: skip
+            need = int(job.get("slots_per_trial", 1)) if gpus else 1
+            entry = self._entry(key, {**job, "need": need})
+            entry.pending, entry.seen = True, time.monotonic()
+            entry.waiting = tuple(range(1, max(1, entry.max_trials) + 1))
+        entry = self.jobs[key]
+        settings = {name: getattr(entry, name) for name in SETTINGS}
+        return {"key": key, "new": not known, "settings": settings}
+
     def _entry(self, key: str, report: dict[str, Any]) -> _Job:
-        """The flow's job, its settings those it reports unless `det job update` set them."""
+        """The flow's job, its settings those it reports unless `det job update` set them
+        (what the flow reports wins over what `det experiment create` queued)."""
         job = self.jobs.get(key)
         if job is None:
-            job = self.jobs[key] = _Job(
-                key=key,
-                name=str(report.get("name", key)),
-                user=str(report.get("user", "")),
-                pool=str(report.get("pool", DEFAULT_POOL)),
-                need=int(report.get("need", 1)),
-                max_trials=int(report.get("max_trials", 1)),
-            )
+            job = self.jobs[key] = _Job(key=key, name=key, user="", pool=DEFAULT_POOL, need=1,
+                                        max_trials=1)  # fmt: skip
+        job.name = str(report.get("name", job.name))
+        job.user = str(report.get("user", job.user))
+        job.pool = str(report.get("pool", job.pool))
+        job.need = int(report.get("need", job.need))
+        job.max_trials = int(report.get("max_trials", job.max_trials))
         job.client = report.get("client", job.client)
         settings = {**report, **self.overrides.get(key, {})}
         job.priority = int(settings.get("priority", DEFAULT_PRIORITY))
@@ -179,6 +205,7 @@ class JobQueue(SchedulerPlugin):
     # ---- what `det job` reads and changes ------------------------------------------------
     def list_jobs(self) -> list[dict[str, Any]]:
         """Every job in the order it is served, with its place and what it holds."""
+        self._drop_stale(time.monotonic())
         active = [j for j in self.jobs.values() if not j.paused]
         order = {d.key: n for n, d in enumerate(queue_order([j.demand() for j in active]), 1)}
         rows = []

@@ -32,6 +32,7 @@ __all__ = [
     "find_flow_run",
     "print_logs",
     "print_trials",
+    "queue_at_create",
     "register",
     "submit_options",
 ]
@@ -137,6 +138,7 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
         },
         tags=[USER_TAG_PREFIX + local_user()],
     )
+    queue_at_create(str(flow_run.id), cfg)
     print(f"Created experiment {shown_id(flow_run.id)}")
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
     settings = RegistrySettings.from_env()
@@ -165,6 +167,43 @@ def check_resource_pool(pool: str | None) -> None:
     except Exception:  # unreachable, or no queue there: the flow checks again and says so
         return
     check_pool(pools, pool or DEFAULT_POOL)
+
+
+def queue_at_create(key: str, cfg: Any) -> None:
+    """Queue the new experiment on the stack's job queue now, under its flow run's id (the
+    key its flow reports under), so slots that free while its flow starts are shared with
+    it (Determined's master knows a job from its creation). Skipped without a scheduler;
+    a queue that cannot be reached only delays this to the flow's first report."""
+    import os
+
+    from cluster.environment import SCHEDULER_ENV
+    from cluster.job_requests import queue_job
+    from cluster.pools import DEFAULT_POOL
+    from det_tasks.searcher import make_searcher
+
+    address = os.environ.get(SCHEDULER_ENV)
+    if not address:
+        return
+    resources = cfg.resources
+    concurrency = max(1, cfg.searcher.max_concurrent_trials or 1)
+    try:
+        first = len(make_searcher(cfg).start())  # the trials it would start at once
+    except Exception:  # a searcher only its flow can build: at most its concurrency
+        first = concurrency
+    job = {
+        "name": str(cfg.name),
+        "user": local_user(),
+        "pool": resources.resource_pool or DEFAULT_POOL,
+        "priority": resources.priority,
+        "weight": resources.weight,
+        "max_slots": resources.max_slots,
+        "slots_per_trial": resources.slots_per_trial,
+        "max_trials": max(1, min(concurrency, first)),
+    }
+    try:
+        queue_job(address, key, {k: v for k, v in job.items() if v is not None})
+    except Exception as err:  # unreachable, or a scheduler without the queue's routes
+        print(f"note: not queued yet ({err}); its flow queues it when it starts", file=sys.stderr)
 
 
 def cmd_job_run(args: argparse.Namespace) -> int:

@@ -24,10 +24,13 @@ from infra.services import Service, port_open
 
 # Dask's setting ``distributed.worker.daemon`` as an environment variable (see worker_service).
 WORKER_DAEMON_ENV = "DASK_DISTRIBUTED__WORKER__DAEMON"
+# Dask's setting ``distributed.scheduler.http.routes``: the modules whose routes it serves.
+ROUTES_ENV = "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES"
 
 __all__ = [
     "registered_workers",
     "scheduler_address",
+    "scheduler_http_port",
     "scheduler_service",
     "worker_service",
     "worker_services",
@@ -38,13 +41,23 @@ def scheduler_address(port: int, host: str = "127.0.0.1") -> str:
     return f"tcp://{host}:{port}"
 
 
+def scheduler_http_port(port: int) -> int:
+    """The scheduler's HTTP port, next to its own (Dask's pairing: 8786, 8787): where
+    ``det`` finds the job queue's routes (cluster.job_requests)."""
+    return port + 1
+
+
 def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service:
     """``dask scheduler`` on ``host`` (loopback unless workers on other hosts need another
-    address). A lost worker fails its task at once (allowed-failures 0): the experiment's
-    task retries (max_restarts) decide."""
+    address), its HTTP server on the next port serving the job queue's routes too
+    (cluster.queue_http). A lost worker fails its task at once (allowed-failures 0): the
+    experiment's task retries (max_restarts) decide."""
+    from cluster.queue_http import route_modules
+
     argv = [
         sys.executable, "-m", "distributed.cli.dask_scheduler",
-        "--host", host, "--port", str(port), "--dashboard-address", ":0",
+        "--host", host, "--port", str(port),
+        "--dashboard-address", f"{host}:{scheduler_http_port(port)}",
     ]  # fmt: skip
     return Service(
         "dask-scheduler",
@@ -55,6 +68,7 @@ def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service
         env={
             "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
             "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
+            ROUTES_ENV: repr(route_modules()),
         },
         start_timeout_s=60,
         stop_timeout_s=15,

@@ -115,3 +115,47 @@ def test_an_unknown_pool_is_refused_in_one_line_that_lists_the_pools() -> None:
         "resources.resource_pool 'tpu' is not a pool of this cluster; its pools: "
         "default (2 slot(s)), gpu (4 slot(s))"
     )
+
+
+def test_an_experiment_queued_at_create_takes_the_next_freed_slot_before_the_grid() -> None:
+    queue = _queue({}, {})
+    assert queue.sync("aaaa1111", _job("grid"), waiting=[1, 2, 3, 4], running=[])["grants"] == [
+        1, 2]  # fmt: skip
+    queued = queue.preregister("bbbb2222", {"name": "single", "user": "bo", "max_trials": 1,
+                                            "priority": 42, "weight": 1.0})  # fmt: skip
+    assert queued == {"key": "bbbb2222", "new": True,
+                      "settings": {"priority": 42, "weight": 1.0, "max_slots": None}}  # fmt: skip
+    rows = {row["name"]: row for row in queue.list_jobs()}
+    assert (rows["single"]["state"], rows["single"]["wanted"], rows["single"]["user"]) == (
+        "QUEUED", 1, "bo")  # fmt: skip
+    # The grid's trial 1 ends while the newcomer's flow is still starting: the slot is kept.
+    assert queue.sync("aaaa1111", _job("grid"), waiting=[3, 4], running=[2])["grants"] == []
+    # Its flow's first report takes the same entry over and gets the slot.
+    first = queue.sync("bbbb2222", _job("single", user="bo"), waiting=[1], running=[])
+    assert first["grants"] == [1]
+    assert [row["key"] for row in queue.list_jobs()].count("bbbb2222") == 1
+    # Queued again (a retried create): left as the flow reported it.
+    assert queue.preregister("bbbb2222", {"name": "single"})["new"] is False
+    assert queue.jobs["bbbb2222"].running.keys() == {1}
+
+
+def test_a_queued_experiment_whose_flow_never_reports_gives_its_slots_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cluster import job_queue
+
+    queue = _queue({})
+    clock = [1000.0]
+    monkeypatch.setattr(job_queue.time, "monotonic", lambda: clock[0])
+    queue.preregister("bbbb2222", {"name": "never-starts", "max_trials": 1})
+    assert queue.sync("aaaa1111", _job("grid"), waiting=[1], running=[])["grants"] == []
+    clock[0] += job_queue.STALE_AFTER_S + 1
+    assert queue.sync("aaaa1111", _job("grid"), waiting=[1], running=[])["grants"] == [1]
+    assert [row["name"] for row in queue.list_jobs()] == ["grid"]
+
+
+def test_a_queued_experiment_takes_slots_per_trial_gpus_only_in_a_gpu_pool() -> None:
+    queue = _queue({"pool-gpu": 1, "GPU": 4}, {})
+    queue.preregister("aaaa1111", {"name": "g", "pool": "gpu", "slots_per_trial": 2})
+    queue.preregister("bbbb2222", {"name": "c", "pool": "default", "slots_per_trial": 2})
+    assert (queue.jobs["aaaa1111"].need, queue.jobs["bbbb2222"].need) == (2, 1)

@@ -259,7 +259,7 @@ def experiment_state(run: Any) -> str:
 
 def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     from registry.cli import end_orphans_seen, print_table, tracking_reader_from_env
-    from registry.experiment_view import describe_experiment_run, side_by_side
+    from registry.experiment_view import summarize_experiment_runs
 
     client = tracking_reader_from_env()
     # Runs whose flow died without a word (SIGKILL, a lost host) end here, ORPHANED, so a
@@ -267,20 +267,18 @@ def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str]
     for orphan in end_orphans_seen(client):
         print(f"ended MLflow run {orphan}: its flow stopped without a word", file=sys.stderr)
     runs = experiment_runs(args.limit)
-    views = side_by_side(lambda run: describe_experiment_run(client, str(run.id)), runs)
+    views = summarize_experiment_runs(client, [str(run.id) for run in runs])  # per page
     rows = []
-    for run, view in zip(runs, views, strict=True):
-        best = view.best if view else None
+    for run in runs:
+        view = views.get(str(run.id))
         rows.append(
             [
                 shown_id(run.id),
                 view.name if view else _submitted_name(run.parameters),
                 experiment_state(run),
                 f"{run.start_time.astimezone():%Y-%m-%d %H:%M}" if run.start_time else "",
-                len(view.trials) if view else 0,
-                f"{view.metric}={best.metric:.6g}"
-                if view and best and best.metric is not None
-                else "",
+                view.trials if view else 0,
+                f"{view.metric}={view.best:.6g}" if view and view.best is not None else "",
             ]
         )
     print_table(rows, ["id", "experiment", "state", "started", "trials", "best"])

@@ -31,6 +31,7 @@ from registry.trial_states import trial_state
 
 __all__ = [
     "PROGRESS_KEY",
+    "ExperimentSummary",
     "ExperimentView",
     "TrialProgress",
     "TrialView",
@@ -41,12 +42,14 @@ __all__ = [
     "resolve_trial_checkpoint",
     "searcher_of",
     "side_by_side",
+    "summarize_experiment_runs",
     "trial_order",
     "trial_progress",
     "trial_runs_of",
     "trial_view",
 ]
 
+BEST_TAG = "det.best."  # registry.summary's (which imports MLflow)
 PROGRESS_KEY = "progress/batches"  # what the harness reports at every training report
 PARALLEL_READS = 8  # metric histories read at once (one request each)
 T = TypeVar("T")
@@ -227,6 +230,74 @@ def describe_experiment_run(client: Any, run_key: str) -> ExperimentView | None:
     return ExperimentView(
         name, parent.info.experiment_id, parent.info.run_id, metric, smaller, trials, parent
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentSummary:
+    """One row of ``det experiment list``: the MLflow side of an experiment run."""
+
+    name: str
+    metric: str
+    trials: int
+    best: float | None  # the parent's det.best.<metric> tag: the best validation so far
+
+
+def summarize_experiment_runs(client: Any, run_keys: Sequence[str]) -> dict[str, ExperimentSummary]:
+    """The MLflow side of a page of experiment runs (Prefect flow-run ids) in a fixed
+    number of requests, however long the page (MLflow's pages of 1,000 aside): the
+    experiments, the parent runs newest first until every key is found, and the trial runs
+    under their experiments. Keys without a parent yet (a flow still starting) are left
+    out. The best value is the parent's ``det.best.*`` tag, which the flow keeps as its
+    trials validate (registry.summary), not the trials' histories ``describe`` reads."""
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    wanted = set(run_keys)
+    if not names or not wanted:
+        return {}
+    parents: dict[str, Any] = {}
+    newest_first = ["attributes.start_time DESC"]
+    for run in _pages(client, list(names), f"tags.`{EXPERIMENT_RUN_TAG}` != ''", newest_first):
+        key = run.data.tags.get(EXPERIMENT_RUN_TAG)
+        if key in wanted and key not in parents:
+            parents[key] = run
+            if len(parents) == len(wanted):
+                break
+    by_parent = {run.info.run_id: key for key, run in parents.items()}
+    trials = dict.fromkeys(parents, 0)
+    experiments = sorted({run.info.experiment_id for run in parents.values()})
+    for run in _pages(client, experiments, f"tags.`{PARENT_TAG}` != ''") if experiments else ():
+        key = by_parent.get(run.data.tags.get(PARENT_TAG, ""))
+        if key is not None:
+            trials[key] += 1
+    summaries = {}
+    for key, parent in parents.items():
+        metric, _ = searcher_of(parent)
+        best = parent.data.tags.get(BEST_TAG + metric) if metric else None
+        summaries[key] = ExperimentSummary(
+            names.get(parent.info.experiment_id, ""), metric, trials[key], _number(best)
+        )
+    return summaries
+
+
+def _pages(
+    client: Any, experiment_ids: list[str], filter_string: str, order_by: list[str] | None = None
+) -> Iterable[Any]:
+    """Every run the search finds, a page (one request) at a time."""
+    token = None
+    while True:
+        page = client.search_runs(
+            experiment_ids, filter_string=filter_string, order_by=order_by, page_token=token
+        )
+        yield from page
+        token = getattr(page, "token", None)
+        if not token:
+            return
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 def side_by_side(function: Callable[[T], R], items: Sequence[T]) -> list[R]:

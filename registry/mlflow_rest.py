@@ -107,6 +107,12 @@ class Run:
         )
 
 
+class RunPage(list[Run]):
+    """A page of ``search_runs``; ``token`` names the next page (None on the last)."""
+
+    token: str | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Metric:
     key: str
@@ -163,7 +169,10 @@ class MlflowReader:
         filter_string: str = "",
         max_results: int = MAX_RESULTS,
         order_by: list[str] | None = None,
-    ) -> list[Run]:
+        page_token: str | None = None,
+    ) -> RunPage:
+        """One page of runs; its ``token`` asks for the next (None: the last), as
+        MlflowClient's PagedList."""
         body: dict[str, Any] = {
             "experiment_ids": list(experiment_ids),
             "filter": filter_string,
@@ -172,8 +181,12 @@ class MlflowReader:
         }
         if order_by:
             body["order_by"] = list(order_by)
-        found = self._call("POST", "runs/search", body).get("runs") or []
-        return [Run.from_json(run) for run in found]
+        if page_token:
+            body["page_token"] = page_token
+        answer = self._call("POST", "runs/search", body)
+        page = RunPage(Run.from_json(run) for run in answer.get("runs") or [])
+        page.token = answer.get("next_page_token") or None
+        return page
 
     def get_run(self, run_id: str) -> Run:
         return Run.from_json(self._call("GET", "runs/get", {"run_id": run_id})["run"])

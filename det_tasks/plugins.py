@@ -8,7 +8,7 @@ import functools
 import importlib.metadata
 from typing import Any
 
-__all__ = ["load_all", "load_one"]
+__all__ = ["entry_names", "load_all", "load_one"]
 
 
 @functools.cache
@@ -28,3 +28,8 @@ def load_one(group: str, name: str) -> Any | None:
 
 def load_all(group: str) -> dict[str, Any]:
     return {e.name: e.load() for e in _entries(group)}
+
+
+def entry_names(group: str) -> list[str]:
+    """The names registered in ``group``, without loading any of them."""
+    return [e.name for e in _entries(group)]

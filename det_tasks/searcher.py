@@ -18,7 +18,12 @@ from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.grid import grid_leaves, grid_problem, grid_trial_count
 from det_tasks.config.hyperparameters import grid_values, sample_hparams
 from det_tasks.errors import ConfigError
-from det_tasks.plugins import load_one
+from det_tasks.searcher_plugins import (
+    BUILT_IN_SEARCHERS,
+    SEARCHER_PLUGINS,
+    find_searcher_plugin,
+    missing_package,
+)
 
 __all__ = [
     "MAX_INVALID_FACTOR",
@@ -31,10 +36,6 @@ __all__ = [
 ]
 
 MAX_INVALID_FACTOR = 10
-# Searchers other packages provide (optuna: searchers.optuna_search), so det_tasks needs none of
-# their dependencies: an entry point ``name = "module:factory"``, factory(config,
-# max_batches) -> Searcher.
-SEARCHER_PLUGINS = "det_tasks.searchers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,31 +382,21 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
             mode=s.mode,
             bracket_rungs=s.bracket_rungs,
         )
-    if s.name == "optuna":
+    if s.name not in BUILT_IN_SEARCHERS:
         return _plugin_searcher(config, max_batches)
     raise ConfigError(
         f"searcher.name {s.name!r} is not supported by det-tasks flows; use "
-        "single, grid, random, adaptive_asha or optuna"
+        "single, grid, random, adaptive_asha or a plug-in searcher (optuna)"
     )
 
 
 def _plugin_searcher(config: ExperimentConfig, max_batches: int | None) -> Searcher:
-    """A searcher from the ``det_tasks.searchers`` entry points; its extra is named after it."""
+    """The searcher a ``det_tasks.searchers`` plug-in builds (det_tasks.searcher_plugins)."""
     name = config.searcher.name
-    fix = f"pip install 'det-tasks[{name}]'"
     try:
-        factory = load_one(SEARCHER_PLUGINS, name)
-    except ImportError as err:
-        missing = getattr(err, "name", None) or name
-        raise ConfigError(
-            f"searcher.name {name!r} needs the {missing!r} package, which is not installed: {fix}"
-        ) from None
-    if factory is None:
-        raise ConfigError(
-            f"searcher.name {name!r}: no {SEARCHER_PLUGINS} entry point named {name!r} is "
-            f"installed; reinstall det-tasks with its extra: {fix} (or pip install -e .)"
-        )
-    searcher = factory(config, max_batches)
+        searcher = find_searcher_plugin(name).make(config, max_batches)
+    except ImportError as err:  # a plug-in importing its library only now
+        raise missing_package(name, err) from None
     if not isinstance(searcher, Searcher):
         raise TypeError(f"the {name!r} searcher plugin returned {type(searcher).__name__}")
     return searcher

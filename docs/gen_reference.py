@@ -85,16 +85,21 @@ CONFIG_NOTES: dict[str, str] = {
     "template).",
     "debug": "No effect: set log levels with Python's `logging`.",
     # searcher
-    "searcher.name": "`single`, `grid`, `random`, `adaptive_asha`, `optuna` (model-based, "
-    "with the `optuna` extra; [searchers](../concepts/searchers.md)). `custom` passes "
+    "searcher.name": "`single`, `grid`, `random`, `adaptive_asha`, or an installed plug-in's "
+    "name: `optuna` (model-based, with the `optuna` extra), or one of your own "
+    "([searchers](../concepts/searchers.md#adding-a-searcher)). An unknown name is refused "
+    "when the config is read, listing the built-in and installed ones. `custom` passes "
     "validation, then a flow refuses it naming the supported ones; removed Determined names "
     "(`adaptive`, `adaptive_simple`, `pbt`, `sync_halving`, `async_halving`) are refused at "
     "load time.",
+    "searcher.plugin_fields": "Filled in when the config is read, not written: a plug-in "
+    "searcher's own fields (optuna's `sampler`, `pruner`) go directly under `searcher:`, are "
+    "gathered here and checked by the plug-in's model (its table below).",
     "searcher.metric": "Validation metric that ranks trials and checkpoints.",
     "searcher.smaller_is_better": "Direction of `metric`.",
-    "searcher.sampler": "`optuna` only: `tpe` (default), `cmaes`, `gp`, `random`, `qmc`, "
+    "searcher.sampler": "`tpe` (default), `cmaes`, `gp`, `random`, `qmc`, "
     "seeded by `reproducibility.experiment_seed`; `cmaes` refuses categorical hyperparameters.",
-    "searcher.pruner": "`optuna` only: `asha` (default), `hyperband`, `median`, `none`; judges "
+    "searcher.pruner": "`asha` (default), `hyperband`, `median`, `none`; judges "
     "each validation at `adaptive_asha`'s rung lengths (`divisor`, `max_rungs`).",
     "searcher.max_length": "How long each trial trains (a [length](#length)); required for a "
     "trial class and for `adaptive_asha`, optional for a Trainer-API script.",
@@ -344,6 +349,8 @@ def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
     yield "resources", "resources", exp.ResourcesConfig, "resources."
     yield "reproducibility", "reproducibility", exp.ReproducibilityConfig, "reproducibility."
     yield "profiling", "profiling", exp.ProfilingConfig, "profiling."
+    for name, options in _plugin_options():
+        yield f"searcher: {name} (plug-in)", f"searcher-{name}", options, "searcher."
     for name, model in (
         ("const", hp.ConstHP),
         ("int", hp.IntHP),
@@ -353,6 +360,15 @@ def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
     ):
         yield f"hyperparameters: {name}", f"hp-{name}", model, f"hp.{name}."
     yield "Job config (`det job run`)", "job-config", JobConfig, "job."
+
+
+def _plugin_options() -> list[tuple[str, type[BaseModel]]]:
+    """Each installed searcher plug-in with fields of its own, and their model."""
+    from det_tasks.plugins import entry_names
+    from det_tasks.searcher_plugins import SEARCHER_PLUGINS, find_searcher_plugin
+
+    found = [(n, find_searcher_plugin(n).options) for n in sorted(entry_names(SEARCHER_PLUGINS))]
+    return [(name, options) for name, options in found if options.model_fields]
 
 
 def _note_key(prefix: str, field: str) -> str:

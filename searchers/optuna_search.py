@@ -234,8 +234,13 @@ class OptunaSearcher(Searcher):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def make_optuna_searcher(config: ExperimentConfig, max_batches: int | None) -> OptunaSearcher:
-    """The ``det_tasks.searchers`` entry point: the searcher ``searcher.name: optuna`` names."""
+def make_optuna_searcher(
+    config: ExperimentConfig,
+    max_batches: int | None,
+    sampler: str = "tpe",
+    pruner: str = "asha",
+) -> OptunaSearcher:
+    """The searcher ``searcher.name: optuna`` names (built through searchers.optuna_options)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per trial told
     s, seed = config.searcher, config.reproducibility.experiment_seed
     assert s.max_trials is not None  # the config model requires it for optuna
@@ -245,27 +250,27 @@ def make_optuna_searcher(config: ExperimentConfig, max_batches: int | None) -> O
             "searcher.name optuna: hyperparameters has nothing to search (only constants); "
             "give a searchable hyperparameter or use searcher.name: single"
         )
-    make_sampler(s.sampler, seed, space)  # config errors now, before any study
+    make_sampler(sampler, seed, space)  # config errors now, before any study
     lengths: list[int | None] = [max_batches]
-    if s.pruner != "none":
+    if pruner != "none":
         if max_batches is None:
             length = config.max_length
             if length.unit != "batches":
                 raise ConfigError(
-                    f"searcher.pruner {s.pruner} validates at rungs counted in batches: give "
+                    f"searcher.pruner {pruner} validates at rungs counted in batches: give "
                     "max_length: {batches: N} (or time_metric: batches), or use pruner: none"
                 )
             max_batches = length.value
         lengths = list(rungs(max_batches, s.divisor, s.max_rungs))
     pruner_lengths = [n for n in lengths if n is not None] or [1]
-    make_pruner(s.pruner, pruner_lengths, s.divisor)
+    make_pruner(pruner, pruner_lengths, s.divisor)
 
     def new_study() -> optuna.Study:
         return optuna.create_study(
             study_name=STUDY_NAME,
             direction="minimize" if s.smaller_is_better else "maximize",
-            sampler=make_sampler(s.sampler, seed, space),
-            pruner=make_pruner(s.pruner, pruner_lengths, s.divisor),
+            sampler=make_sampler(sampler, seed, space),
+            pruner=make_pruner(pruner, pruner_lengths, s.divisor),
         )
 
     return OptunaSearcher(new_study, space, lengths, s.max_trials, s.max_concurrent_trials)

@@ -14,6 +14,7 @@ from det_tasks.config.grid import grid_problem
 from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
 from det_tasks.config.names import experiment_name_problem
 from det_tasks.errors import ConfigError
+from det_tasks.searcher_plugins import BUILT_IN_SEARCHERS, find_searcher_plugin, plugin_owning
 
 __all__ = [
     "CheckpointStorageConfig",
@@ -60,12 +61,10 @@ class Length(_Strict):
         return int(getattr(self, self.unit))
 
 
-_ASHA_ONLY = ("mode", "bracket_rungs", "stop_once")
-_OPTUNA_ONLY = ("sampler", "pruner")
-
-
 class SearcherConfig(_Strict):
-    name: Literal["single", "grid", "random", "adaptive_asha", "optuna", "custom"]
+    # A built-in searcher (BUILT_IN_SEARCHERS) or a plug-in's entry point name
+    # (det_tasks.searcher_plugins); the plug-in's own fields are gathered in plugin_fields.
+    name: str
     metric: str
     smaller_is_better: bool = True
     max_length: Length | None = None
@@ -79,34 +78,61 @@ class SearcherConfig(_Strict):
     max_rungs: int = Field(default=5, ge=1)
     bracket_rungs: list[int] | None = None
     stop_once: bool = False
-    # optuna (model-based search; searchers/optuna_search.py): the pruner validates at ASHA's
-    # rung lengths, from max_length, divisor and max_rungs.
-    sampler: Literal["tpe", "cmaes", "gp", "random", "qmc"] = "tpe"
-    pruner: Literal["none", "asha", "hyperband", "median"] = "asha"
     # deprecated: legacy step counts (a step is `scheduling_unit` batches)
     max_steps: int | None = Field(default=None, ge=1)
     source_trial_id: int | None = None
     source_checkpoint_uuid: str | None = None
+    # a plug-in searcher's own fields, as written (its SearcherOptions model checks them)
+    plugin_fields: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_plugin_fields(cls, data: Any) -> Any:
+        """A plug-in searcher's own keys go to ``plugin_fields``; under a built-in name, a key
+        one of the installed plug-ins owns is refused naming that plug-in."""
+        if not isinstance(data, dict):
+            return data
+        extra = [key for key in data if key not in cls.model_fields]
+        if not extra:
+            return data
+        if data.get("name") in BUILT_IN_SEARCHERS:
+            for key in extra:
+                owner = plugin_owning(str(key))
+                if owner is not None:
+                    raise ValueError(
+                        f"`searcher.{key}` is for name: {owner} only; remove it or use "
+                        f"name: {owner}"
+                    )
+            return data  # the strict model names the unknown field
+        gathered = {**dict(data.get("plugin_fields") or {}), **{k: data[k] for k in extra}}
+        kept = {k: v for k, v in data.items() if k in cls.model_fields}
+        return {**kept, "plugin_fields": gathered}
+
+    @field_validator("name")
+    @classmethod
+    def _known_searcher(cls, name: str) -> str:
+        if name not in BUILT_IN_SEARCHERS:
+            find_searcher_plugin(name)  # ConfigError (a ValueError): not installed, or how
+        return name
 
     @model_validator(mode="after")
     def _needs_length(self) -> SearcherConfig:
         if self.max_length is not None and self.max_steps is not None:
             raise ValueError("give max_length or the deprecated max_steps, not both")
-        if self.name in ("random", "adaptive_asha", "optuna") and self.max_trials is None:
+        if self.name not in BUILT_IN_SEARCHERS:
+            check = find_searcher_plugin(self.name).check
+            if check is not None:
+                check(self)
+            return self
+        if self.plugin_fields:
+            raise ValueError(
+                f"`searcher.{next(iter(self.plugin_fields))}` is not a field of the built-in "
+                f"{self.name} searcher: remove it"
+            )
+        if self.name in ("random", "adaptive_asha") and self.max_trials is None:
             raise ValueError(f"the {self.name} searcher needs max_trials, e.g. max_trials: 16")
-        timed = self.name in ("adaptive_asha", "optuna")
-        if timed and (self.time_metric is None) != (self.max_time is None):
+        if self.name == "adaptive_asha" and (self.time_metric is None) != (self.max_time is None):
             raise ValueError(f"{self.name} needs both time_metric and max_time, or neither")
-        given = self.model_fields_set
-        for field in (f for f in _OPTUNA_ONLY if f in given and self.name != "optuna"):
-            raise ValueError(
-                f"`searcher.{field}` is for name: optuna only; remove it or use name: optuna"
-            )
-        for field in (f for f in _ASHA_ONLY if f in given and self.name == "optuna"):
-            raise ValueError(
-                f"`searcher.{field}` is adaptive_asha's; optuna's pruner takes only "
-                "divisor and max_rungs: remove it"
-            )
         return self
 
 

@@ -19,10 +19,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from det_tasks.config.experiment import ExperimentConfig
+from det_tasks.config.experiment import ExperimentConfig, SearcherConfig
 from det_tasks.config.finite import FINITE_FIX, non_finite_field
 from det_tasks.config.unhonoured import warn_unhonoured
 from det_tasks.errors import ConfigError
+from det_tasks.searcher_plugins import BUILT_IN_SEARCHERS, find_searcher_plugin
 
 __all__ = [
     "apply_overrides",
@@ -228,7 +229,25 @@ def parse_config(raw: Any, source: str = "config") -> ExperimentConfig:
         raise ConfigError(describe_validation_error(err, raw, source)) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
+    _check_plugin_fields(config, raw, source)
     return config
+
+
+def _check_plugin_fields(config: ExperimentConfig, raw: dict[str, Any], source: str) -> None:
+    """A plug-in searcher's own fields, checked by its options model now, with the same
+    one-line errors as the rest (its searcher is built only when the experiment runs)."""
+    searcher = config.searcher
+    if searcher.name in BUILT_IN_SEARCHERS:
+        return
+    options = find_searcher_plugin(searcher.name).options
+    try:
+        options.model_validate(searcher.plugin_fields)
+    except ValidationError as err:
+        raise ConfigError(
+            describe_validation_error(
+                err, raw, source, under=("searcher",), models=[options, SearcherConfig]
+            )
+        ) from None
 
 
 def refuse_non_finite(raw: Any, source: str) -> None:
@@ -277,17 +296,25 @@ def _translate_deprecated(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return raw
 
 
-def describe_validation_error(err: ValidationError, raw: dict[str, Any], source: str) -> str:
+def describe_validation_error(
+    err: ValidationError,
+    raw: dict[str, Any],
+    source: str,
+    under: tuple[str, ...] = (),
+    models: list[type[BaseModel]] | None = None,
+) -> str:
     """A pydantic error as our one-paragraph message: field, value, fix (the job config's
-    loader words its errors the same way)."""
+    loader words its errors the same way). ``under``: where in ``raw`` the validated part
+    sits; ``models``: the models whose fields an unknown key is matched against there (a
+    plug-in's options), instead of walking the config's own."""
     lines = []
     for item in err.errors()[:5]:
-        loc = [p for p in item["loc"] if not _is_union_tag(p)]
+        loc = [*under, *(p for p in item["loc"] if not _is_union_tag(p))]
         path = ".".join(str(p) for p in loc) or "(top level)"
         kind = item["type"]
         value = _lookup(raw, loc)
         if kind == "extra_forbidden":
-            fix = _suggest(loc, raw)
+            fix = _suggest(loc, raw) if models is None else _closest(loc, models)
             lines.append(f"unknown field `{path}`{fix}")
         elif kind == "missing":
             lines.append(f"required field `{path}` is missing")
@@ -343,7 +370,15 @@ def _suggest(loc: list[Any], raw: dict[str, Any]) -> str:
     for part in loc[:-1]:
         fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]
         models = [m for f in fields for m in _models_of(f.annotation)]
-    names = list(dict.fromkeys(n for m in models for n in m.model_fields))
+    return _closest(loc, models)
+
+
+_INTERNAL = {"plugin_fields"}  # fields the config model fills in, never written by a user
+
+
+def _closest(loc: list[Any], models: list[type[BaseModel]]) -> str:
+    """The field of ``models`` closest to the unknown key ``loc[-1]``, or all of them."""
+    names = list(dict.fromkeys(n for m in models for n in m.model_fields if n not in _INTERNAL))
     if not names:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)

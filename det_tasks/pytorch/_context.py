@@ -6,6 +6,7 @@ step them; it holds no global state, so several contexts can live in one process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["PyTorchExperimentalContext", "PyTorchTrialContext", "TrialSettings"]
 
 log = logging.getLogger(__name__)
+_NO_SYNC_TO_SKIP = contextlib.nullcontext()  # one process: step as it is, nothing to skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +157,8 @@ class PyTorchTrialContext(TrainerAPIMixin):
         self.profiler: Any = None
         self._scaler: torch.amp.GradScaler | None = None
         self._backward_passes: dict[int, int] = {}
+        # Optimizers with Horovod's synchronize(): found once, not looked up per step.
+        self._synchronizing: set[int] = set()
         self._current_batch_idx = 0
         self._epoch_len: int | None = None
         self._stop_requested = False
@@ -323,6 +327,8 @@ class PyTorchTrialContext(TrainerAPIMixin):
             fp16_compression or self._gradient_compression(),
         )
         self._backward_passes[id(optimizer)] = backward_passes_per_step
+        if _parallel.synchronizes(optimizer):
+            self._synchronizing.add(id(optimizer))
         self.optimizers.append(optimizer)
         return optimizer
 
@@ -467,7 +473,9 @@ class PyTorchTrialContext(TrainerAPIMixin):
         if not self._nonfinite.allow_step():  # every batch of this step had a NaN/inf loss
             optimizer.zero_grad()
             return
-        _parallel.synchronize(optimizer)
+        synchronizing = id(optimizer) in self._synchronizing
+        if synchronizing:
+            _parallel.synchronize(optimizer)
         if agg > 1 and self._settings.average_aggregated_gradients:
             for p in _params(optimizer):
                 if p.grad is not None:
@@ -481,7 +489,7 @@ class PyTorchTrialContext(TrainerAPIMixin):
                 clip_grads(iter(_params(optimizer)))
             for hook in self._before_step_hooks:
                 hook(iter(_params(optimizer)))
-        with _parallel.skip_synchronize(optimizer):
+        with _parallel.skip_synchronize(optimizer) if synchronizing else _NO_SYNC_TO_SKIP:
             if scaler is not None:
                 scaler.step(optimizer)
             else:

@@ -26,6 +26,12 @@ TorchData = dict[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 
 def to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move every tensor (numpy arrays become tensors) inside nested containers to ``device``."""
+    if type(data) in _PLAIN_SEQUENCES:  # the usual batch, [inputs, labels]: checked first
+        for v in data:  # a loop, not all(<generator>): this runs once per training batch
+            if type(v) is not torch.Tensor or v.device != device:
+                break
+        else:
+            return data  # every tensor already there (CPU training): nothing to rebuild
     if isinstance(data, torch.Tensor):
         if data.device == device:  # already there (CPU training): skip .to()'s arg parsing
             return data
@@ -37,10 +43,6 @@ def to_device(data: Any, device: torch.device | str, non_blocking: bool = False)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(to_device(v, device, non_blocking) for v in data))
     if isinstance(data, list | tuple):
-        if type(data) in _PLAIN_SEQUENCES and all(
-            type(v) is torch.Tensor and v.device == device for v in data
-        ):
-            return data  # the usual CPU batch, [inputs, labels]: nothing to move or rebuild
         return type(data)(to_device(v, device, non_blocking) for v in data)
     return data
 

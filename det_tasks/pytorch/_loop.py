@@ -96,6 +96,8 @@ class TrialController:
         self.latest_validation: dict[str, Any] | None = None
         self._buffer = TrainingMetricsBuffer()
         self._timer = PhaseTimer(options.profiling, context.device)
+        # One process, no profiling window: no phase timer or DDP no_sync to enter per batch.
+        self._bare_steps = self._timer.settings is None and self.dist.size == 1
         self._next_boundary = 0  # batch count before which _at_boundaries has nothing to do
         # Set from another thread (a pause, cancel or Ctrl-C) to stop at the next batch
         # boundary: one attribute read per batch, as Determined polls preemption.
@@ -213,20 +215,26 @@ class TrialController:
     def _train_batch(self) -> None:
         ctx, idx = self.context, self.batches_trained
         ctx._current_batch_idx = idx
-        if not len(self._buffer):  # a training window starts: fresh reducers, as Determined
+        if not self._buffer.count:  # a training window starts: fresh reducers, as Determined
             ctx.experimental.reset_reducers()
         epoch_idx = idx // self.epoch_len
-        with self._timer.phase(idx, "dataloader_next"):
+        if self._bare_steps:
             batch = next(self._train_iter)
+        else:
+            with self._timer.phase(idx, "dataloader_next"):
+                batch = next(self._train_iter)
         if idx % self.epoch_len == 0:
             for cb in self.callbacks.values():
                 cb.on_training_epoch_start(epoch_idx)
         stepping = ctx._should_communicate_and_update()
-        with (
-            self._timer.phase(idx, "train_batch"),
-            _parallel.no_sync(ctx.models, active=self.dist.size > 1 and not stepping),
-        ):
+        if self._bare_steps:
             metrics = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=idx)
+        else:
+            with (
+                self._timer.phase(idx, "train_batch"),
+                _parallel.no_sync(ctx.models, active=self.dist.size > 1 and not stepping),
+            ):
+                metrics = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=idx)
         if stepping and ctx.experimental._auto_amp and ctx._scaler is not None:
             ctx._scaler.update()
         metrics = check_metrics(metrics, "train_batch")
@@ -341,7 +349,7 @@ class TrialController:
     # ---- reporting and validation ---------------------------------------------------------
     def _report_training(self) -> None:
         nonfinite = self.context._nonfinite.check()  # before any metric or checkpoint
-        if not len(self._buffer):
+        if not self._buffer.count:
             return
         avg, batch_metrics = self._buffer.flush()
         ctx = self.context

@@ -35,12 +35,16 @@ def check_metrics(metrics: Any, method: str) -> dict[str, Any]:
     """A tensor becomes ``{"loss": tensor}``; anything but a str-keyed dict is an error."""
     if isinstance(metrics, torch.Tensor):
         return {"loss": metrics}
-    if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
-        raise TrialError(
-            f"{method}() must return a dict of metric names to values (or a loss tensor); "
-            f"it returned {type(metrics).__name__}: {str(metrics)[:80]!r}"
-        )
-    return metrics
+    if isinstance(metrics, dict):
+        for key in metrics:  # a loop, not all(<generator>): this runs once per batch
+            if not isinstance(key, str):
+                break
+        else:
+            return metrics
+    raise TrialError(
+        f"{method}() must return a dict of metric names to values (or a loss tensor); "
+        f"it returned {type(metrics).__name__}: {str(metrics)[:80]!r}"
+    )
 
 
 def detach_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -54,11 +58,15 @@ def materialize(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, metrics in enumerate(batches):
         plain: dict[str, Any] = {}
         for key, value in metrics.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
+            if type(value) is float:  # a CPU scalar the buffer already read: as it is
+                plain[key] = value
+            elif isinstance(value, torch.Tensor) and value.numel() == 1:
                 slots.setdefault(value.device, []).append((i, key, value))
             else:
                 plain[key] = to_python(value)
         out.append(plain)
+    if not slots:  # no tensor was set aside, so every dict already has the user's key order
+        return out
     for entries in slots.values():
         stacked = torch.stack([t.reshape(()).to(torch.float64) for _, _, t in entries])
         for (i, key, _), number in zip(entries, stacked.tolist()):
@@ -123,21 +131,22 @@ class TrainingMetricsBuffer:
     def __init__(self) -> None:
         self._batches: list[dict[str, Any]] = []
         self._unaveraged: set[str] = set()
+        self.count = 0  # batches held: an attribute, read by the loop once per batch
 
     def __len__(self) -> int:
-        return len(self._batches)
+        return self.count
 
     def add(self, metrics: dict[str, Any]) -> None:
         self._batches.append({key: _held(value) for key, value in metrics.items()})
+        self.count += 1
 
     def flush(self) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
         """(Determined's average of each metric over the window, per-batch metrics); then
         empty. A metric that cannot be averaged keeps its key with the value None."""
         batch_metrics = materialize(self._batches)
         self._batches = []
-        keys: list[str] = []
-        for m in batch_metrics:
-            keys.extend(k for k in m if k not in keys)
+        self.count = 0
+        keys = list(dict.fromkeys(k for m in batch_metrics for k in m))  # first-seen order
         avg = {key: average_metric([m.get(key) for m in batch_metrics]) for key in keys}
         for key in keys:
             if avg[key] is None and key not in self._unaveraged:

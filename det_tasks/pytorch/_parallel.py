@@ -15,7 +15,14 @@ import torch
 
 from det_tasks.distributed import DistributedContext
 
-__all__ = ["no_sync", "skip_synchronize", "synchronize", "wrap_model", "wrap_optimizer"]
+__all__ = [
+    "no_sync",
+    "skip_synchronize",
+    "synchronize",
+    "synchronizes",
+    "wrap_model",
+    "wrap_optimizer",
+]
 
 _NOTHING = contextlib.nullcontext()  # reusable, so the one-process path allocates nothing
 
@@ -66,6 +73,13 @@ def wrap_optimizer(
     )
     hvd.broadcast_optimizer_state(wrapped, root_rank=0)
     return wrapped
+
+
+def synchronizes(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` allreduces gradients itself (Horovod's synchronize())."""
+    return callable(getattr(optimizer, "synchronize", None)) or callable(
+        getattr(optimizer, "skip_synchronize", None)
+    )
 
 
 def synchronize(optimizer: torch.optim.Optimizer) -> None:

@@ -1,4 +1,5 @@
-"""How long each ``det`` verb a user types takes (issue 41: every one within a second).
+"""How long each ``det`` verb a user types takes (issues 41 and 53: every one within a
+second on an idle machine, ``det --help`` within 0.3 s).
 
 Starts a stack of its own (SeaweedFS, MLflow, Prefect server and worker, Dask; on ports of
 its own, in a temporary folder, stopped at the end) or uses a running one (``--stack-dir``,
@@ -6,7 +7,10 @@ what ``make up`` made), creates an experiment of the flow tests' XOR trial (slow
 training), and times whole ``det`` commands as a shell runs them, ``det --help`` (start-up
 and parsing only) as the floor:
 
-- ``det experiment list``, ``describe ID``, ``list-trials ID``: ``--runs`` times each;
+- the verbs that read or set a value (``reads``: ``det --help``, ``experiment list``,
+  ``describe``, ``list-trials``, ``list-checkpoints``, ``logs``, ``set weight``,
+  ``trial describe``, ``job list``, ``job update``, ``model list``): ``--runs`` times each;
+- ``det experiment create``: once per experiment made;
 - ``det experiment pause ID`` and ``activate ID``: ``--runs`` cycles (each waits until the
   flow run is paused, then running again, before the next command; the waits are not
   timed);
@@ -181,11 +185,28 @@ def trained(det: Det, short: str) -> int:
 
 def create(det: Det, env: dict[str, str], name: str) -> tuple[str, str]:
     """A new experiment whose trial has trained a batch: (short id, flow-run id)."""
-    out = det.timed("create", "experiment", "create", "killable.yaml", ".", "--config",
+    out = det.timed("experiment create", "experiment", "create", "killable.yaml", ".", "--config",
                     f"name={name}", *SLOW)  # fmt: skip
     short = next(line for line in out.splitlines() if line.startswith("Created ")).split()[-1]
     until(lambda: trained(det, short) > 0, 300, f"experiment {name} trains")
     return short, full_id(env, short)
+
+
+def reads(short: str) -> list[list[str]]:
+    """Each verb that reads (or sets a value) and returns at once: [its label, *argv]."""
+    return [
+        ["--help", "--help"],
+        ["experiment list", "experiment", "list"],
+        ["experiment describe", "experiment", "describe", short],
+        ["experiment list-trials", "experiment", "list-trials", short],
+        ["experiment list-checkpoints", "experiment", "list-checkpoints", short],
+        ["experiment logs", "experiment", "logs", short],
+        ["experiment set weight", "experiment", "set", "weight", short, "1"],
+        ["trial describe", "trial", "describe", f"{short}/1"],
+        ["job list", "job", "list"],
+        ["job update", "job", "update", short, "--priority", "42"],
+        ["model list", "model", "list"],
+    ]
 
 
 def measure(dets: list[Det], env: dict[str, str], runs: int, kills: int) -> None:
@@ -193,34 +214,32 @@ def measure(dets: list[Det], env: dict[str, str], runs: int, kills: int) -> None
     short, run_id = create(main, env, f"bench-det-{os.getpid()}")
     for _ in range(runs):
         for det in dets:
-            det.timed("--help", "--help")
-            det.timed("list", "experiment", "list")
-            det.timed("describe", "experiment", "describe", short)
-            det.timed("list-trials", "experiment", "list-trials", short)
+            for verb, *argv in reads(short):
+                det.timed(verb, *argv)
     for _ in range(runs):
         for det in dets:
-            det.timed("pause", "experiment", "pause", short)
+            det.timed("experiment pause", "experiment", "pause", short)
             until(partial(in_state, env, run_id, "PAUSED"), 300, "pause")
-            det.timed("activate", "experiment", "activate", short)
+            det.timed("experiment activate", "experiment", "activate", short)
             until(partial(trains_past, main, short, trained(main, short)), 300, "training")
     main.run("experiment", "kill", short)
     for i in range(kills):
         for det in dets:
             victim, victim_id = create(main, env, f"bench-kill-{os.getpid()}-{i}")
-            det.timed("kill", "experiment", "kill", victim)
+            det.timed("experiment kill", "experiment", "kill", victim)
             until(partial(in_state, env, victim_id, "CANCELLED"), 300, "kill")
 
 
 def report(dets: list[Det], loads: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
     """Per verb and tree: the median wall time (min-max, runs) and the median CPU time
     (user + system: what the command itself costs, which a busy host changes far less)."""
-    verbs = ["--help", "list", "describe", "list-trials", "pause", "activate", "kill", "create"]
+    verbs = list(dict.fromkeys(verb for det in dets for verb in det.times))
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("load average (1, 5, 15 min): before "
           + ", ".join(f"{x:.1f}" for x in loads[0]) + "; after "
           + ", ".join(f"{x:.1f}" for x in loads[1]))  # fmt: skip
     print(
-        f"{'command':<26}" + "".join(f"{d.name + ': wall s (min-max) n, cpu s':>44}" for d in dets)
+        f"{'command':<34}" + "".join(f"{d.name + ': wall s (min-max) n, cpu s':>44}" for d in dets)
     )
     for verb in verbs:
         cells = []
@@ -234,8 +253,7 @@ def report(dets: list[Det], loads: tuple[tuple[float, ...], tuple[float, ...]]) 
                 f"n={len(times)}, cpu {statistics.median(cpu):.2f}"
             )
             cells.append(f"{text:>44}")
-        label = "det --help" if verb == "--help" else f"det experiment {verb}"
-        print(f"{label:<26}" + "".join(cells))
+        print(f"{'det ' + verb:<34}" + "".join(cells))
 
 
 def main() -> int:

@@ -53,7 +53,7 @@ ONE_BATCH = ["searcher.max_length={batches: 1}", "min_validation_period={batches
 WORK = re.compile(r"\((?:warm|restored from [^,]+), ([\d.]+) s(?:; trial ended in ([\d.]+) s)?\)")
 
 
-def _no_server_env(home: Path) -> dict[str, str]:
+def no_server_env(home: Path) -> dict[str, str]:
     """No stack settings, and no system-metrics sampler (it would be timed too)."""
     drop = ("MLFLOW_", "AWS_", "PREFECT_", "DET_TASKS_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
@@ -68,12 +68,12 @@ def _no_server_env(home: Path) -> dict[str, str]:
 def run_in_home(
     home: Path, *module_args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m MODULE ARGS`` in ``home`` with no servers configured (``_no_server_env``),
+    """``python -m MODULE ARGS`` in ``home`` with no servers configured (``no_server_env``),
     this checkout importable, and ``env`` added; output captured."""
     return subprocess.run(
         [sys.executable, "-m", *module_args],
         cwd=home,
-        env={**_no_server_env(home), "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**no_server_env(home), "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,
         text=True,
     )

@@ -26,7 +26,7 @@ import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flow_latency import ROOT, _no_server_env  # a sibling script, not a package
+from flow_latency import ROOT, no_server_env  # a sibling script, not a package
 
 CONFIG = ROOT / "tests" / "fixtures" / "flow_model" / "killable.yaml"  # 120 batches
 
@@ -43,7 +43,7 @@ def ctrl_c_once(home: Path) -> tuple[float, float, int, int]:
     from registry.tracking import client_for
 
     pids = home / "pids"
-    env = {**_no_server_env(home), "PYTHONPATH": str(ROOT)}
+    env = {**no_server_env(home), "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "flows.experiment", str(CONFIG)]
     args += ["hyperparameters.sleep_s=0.1", f"data.pid_file={pids}"]
     proc = subprocess.Popen(

@@ -36,7 +36,7 @@ from harness_overhead import BenchTrial, _Clock, cpu_name
 from det_tasks import pytorch
 from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import PyTorchCallback
-from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
+from det_tasks.pytorch.harness import CheckpointFiles, CheckpointWriter
 from det_tasks.sinks import InMemoryMetricsSink
 from infra.services import is_running
 from infra.stack import StackConfig, down, mlflow_service, up

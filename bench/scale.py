@@ -43,7 +43,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flow_latency import ROOT, _no_server_env  # a sibling script, not a package
+from flow_latency import ROOT, no_server_env  # a sibling script, not a package
 
 CONFIG = ROOT / "tests" / "fixtures" / "flow_model" / "recycling.yaml"
 # recycling.yaml is random search, 2 batches per trial, 2 at a time; only the count varies.
@@ -76,7 +76,7 @@ def run_experiment(trials: int, timeout_s: float, stack: Stack | None) -> tuple[
     figures and its stderr (the flow's log)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        env = {**_no_server_env(home), "PYTHONPATH": str(ROOT), **(stack.env if stack else {})}
+        env = {**no_server_env(home), "PYTHONPATH": str(ROOT), **(stack.env if stack else {})}
         args = [sys.executable, "-m", "flows.experiment", str(CONFIG)]
         args.append(f"searcher.max_trials={trials}")
         log = home / "stderr.txt"

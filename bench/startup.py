@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.flow_latency import _no_server_env, run_in_home
+from bench.flow_latency import no_server_env, run_in_home
 from flows.embedded import PRESTART_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def floor_once(home: Path) -> float:
     """Prefect's one-task flow as a whole process in ``home``: its wall in seconds."""
     t0 = time.time()
     done = subprocess.run(
-        [sys.executable, "-c", FLOOR_FLOW], cwd=home, env=_no_server_env(home), capture_output=True
+        [sys.executable, "-c", FLOOR_FLOW], cwd=home, env=no_server_env(home), capture_output=True
     )
     if done.returncode:
         sys.exit(f"Prefect's one-task flow failed ({done.returncode}):\n{done.stderr[-4000:]!r}")

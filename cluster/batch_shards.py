@@ -31,7 +31,7 @@ from cluster.worker_heap import reuse_freed_memory
 from det_tasks.checkpoints.format import verify
 from det_tasks.checkpoints.references import open_checkpoint_uri
 from det_tasks.pytorch import load_trial_from_checkpoint_path, to_device
-from det_tasks.pytorch._load import check_code_trusted
+from det_tasks.pytorch.harness import check_code_trusted
 from registry import parquet_dataset
 from registry import s3 as s3_lib
 from registry.local_files import FileLocation

@@ -15,7 +15,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from det_tasks import cluster_info
-from det_tasks.pytorch.experimental._job_services import JOB_ID_ENV, JOB_OUTPUT_ENV
+from det_tasks.pytorch.harness import JOB_ID_ENV, JOB_OUTPUT_ENV
 from det_tasks.runner import worker_group as launcher
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import parse_script_command

@@ -17,7 +17,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 
 from det_tasks.folder_names import checked_id
-from det_tasks.pytorch.experimental._job_services import JOB_OUTPUT_ENV
+from det_tasks.pytorch.harness import JOB_OUTPUT_ENV
 from registry import s3 as s3_lib
 from registry.checkpoints import S3CheckpointStore, checkpoint_records
 from registry.local_files import FileLocation

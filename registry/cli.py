@@ -115,7 +115,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             "checkpoints use `checkpoints import DIR|s3://... --experiment NAME`"
         )
     client = tracking_client_from_env()
-    print_checkpoints(client, models_lib._parent_run(client, args.experiment))
+    print_checkpoints(client, models_lib.parent_run(client, args.experiment))
     return 0
 
 
@@ -348,7 +348,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from registry.experiment_gc import collect_experiment_garbage
 
     client = tracking_client_from_env()
-    parent = models_lib._parent_run(client, args.experiment)
+    parent = models_lib.parent_run(client, args.experiment)
     result = collect_experiment_garbage(
         client, s3_lib.client(), parent, models_lib.trial_runs(client, parent)
     )

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow.utils.validation import _validate_metric_name
 
+from registry.mlflow_internals import metric_name_problem
 from registry.report_backlog import Report, ReportBacklog, numeric_metrics
 from registry.rest_session import AUTH_STATUS, RETRYABLE_STATUS, RestSession
 from registry.run_lease import RunLease
@@ -201,10 +200,9 @@ class MlflowMetricsSink:
             return names[key]
         full = f"{group}/{key}"
         name: str | None = full
-        try:
-            _validate_metric_name(full)
-        except MlflowException as err:
-            name = _recordable(full, err.message)
+        problem = metric_name_problem(full)
+        if problem is not None:
+            name = _recordable(full, problem)
         names[key] = name
         if name is not None and json.dumps(name) == f'"{name}"':
             self._plain_keys.add(name)
@@ -483,9 +481,7 @@ def _recordable(name: str, why: str) -> str | None:
     """A name MLflow refuses (Determined takes any: ``recall@1``), recorded with each
     refused character as ``_``, said once; None if even that is refused."""
     cleaned = _REFUSED_IN_NAMES.sub("_", name)
-    try:
-        _validate_metric_name(cleaned)
-    except MlflowException:
+    if metric_name_problem(cleaned) is not None:
         log.error("metric %r is not recorded: %s", name, why)
         return None
     log.warning("metric %r is recorded as %r: MLflow refuses its name (%s)", name, cleaned, why)

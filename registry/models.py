@@ -13,7 +13,7 @@ from det_tasks.errors import DetTasksError
 from registry.checkpoints import checkpoint_records, rank_by_metric, validation_value
 from registry.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
 
-__all__ = ["BestCheckpoint", "best_checkpoint", "register_checkpoint", "set_alias"]
+__all__ = ["BestCheckpoint", "best_checkpoint", "parent_run", "register_checkpoint", "set_alias"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,9 @@ class BestCheckpoint:
     steps_completed: int
 
 
-def _parent_run(client: MlflowClient, experiment: str) -> Any:
+def parent_run(client: MlflowClient, experiment: str) -> Any:
+    """The experiment's parent run (its newest, if the name was reused): the run its
+    trials hang under and its checkpoints are listed from."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise DetTasksError(f"MLflow has no experiment named {experiment!r}")
@@ -52,7 +54,7 @@ def trial_runs(client: MlflowClient, parent: Any) -> list[Any]:
 
 def best_checkpoint(client: MlflowClient, experiment: str) -> BestCheckpoint:
     """The checkpoint with the best searcher metric across the latest experiment run."""
-    parent = _parent_run(client, experiment)
+    parent = parent_run(client, experiment)
     metric = parent.data.tags.get("det.searcher.metric")
     smaller = parent.data.tags.get("det.searcher.smaller_is_better", "True") == "True"
     if not metric:

@@ -11,7 +11,7 @@ from det_tasks.compat import _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
 from det_tasks.pytorch import experimental, samplers
-from det_tasks.pytorch._units import Batch, Epoch
+from det_tasks.pytorch import Batch, Epoch
 
 __all__ = ["InvalidHP", "TorchWriter", "build"]
 

@@ -27,7 +27,7 @@ from det_tasks.checkpoints.references import scheme_of
 from det_tasks.config import ExperimentConfig, parse_config
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch import Trainer, init
-from det_tasks.pytorch._trainer import trial_controller
+from det_tasks.pytorch.harness import trial_controller
 from det_tasks.runner.entrypoint import load_trial_class, model_dir_on_path
 from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.runner.trial_config import with_defaults

@@ -12,7 +12,7 @@ from det_tasks.checkpoints import format as ckpt
 from det_tasks.checkpoints.references import scheme_of
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._restore import open_checkpoint
+from det_tasks.pytorch.harness import open_checkpoint
 
 __all__ = ["choose_resume_checkpoint"]
 

@@ -20,8 +20,8 @@ from det_tasks.config import ExperimentConfig, Length, apply_overrides, sample_h
 from det_tasks.config.loader import parse_with_overrides, read_config_file
 from det_tasks.config.storage_paths import check_checkpoint_storage
 from det_tasks.errors import ConfigError
-from det_tasks.pytorch._trainer import length_to_unit, store_from_config
-from det_tasks.pytorch._units import Batch, TrainUnit
+from det_tasks.pytorch import Batch, TrainUnit
+from det_tasks.pytorch.harness import length_to_unit, store_from_config
 
 __all__ = [
     "checkpoint_store_for",

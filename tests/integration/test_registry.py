@@ -169,9 +169,9 @@ def test_gc_keeps_policy_and_registered_versions(stack, model_dir):
     s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
     # Deleting again is harmless.
     from registry.experiment_gc import collect_experiment_garbage
-    from registry.models import _parent_run, trial_runs
+    from registry.models import parent_run, trial_runs
 
-    parent = _parent_run(client, name)
+    parent = parent_run(client, name)
     again = collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
     assert again.deleted == []
 

@@ -21,6 +21,7 @@ from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.errors import ConfigError
 from det_tasks.folder_names import checked_id
 from det_tasks.home import det_tasks_home
+from det_tasks.pytorch.experimental.job_environment import JOB_ID_ENV, JOB_OUTPUT_ENV
 
 __all__ = [
     "JOB_ID_ENV",
@@ -29,9 +30,6 @@ __all__ = [
     "LocalJobServices",
     "job_services",
 ]
-
-JOB_ID_ENV = "DET_TASKS_JOB_ID"
-JOB_OUTPUT_ENV = "DET_TASKS_JOB_OUTPUT"
 
 
 @runtime_checkable

@@ -7,9 +7,10 @@
   ``placement``: which worker a trial's next step prefers.
 - ``stop_requests``: the stop request an experiment reads from the scheduler's metadata.
 - ``job_queue`` (the scheduler plugin), ``fair_share`` (its decision: priorities,
-  weights, caps, preemption), ``job_slots`` (a flow's seat in it), ``job_requests``
-  (``det job``'s RPCs), ``pools`` (resource pools); ``worker_calls``: what the flow asks of
-  every worker (stop, preempt, release).
+  weights, caps, preemption), ``job_slots`` (a flow's seat in it), ``queue_http`` (its
+  routes on the scheduler's HTTP server), ``job_requests`` (``det``'s HTTP requests to them),
+  ``pools`` (resource pools); ``worker_calls``: what the flow asks of every worker (stop,
+  preempt, release).
 - ``recycling``, ``worker_process``, ``worker_deaths``, ``worker_heap``,
   ``warm_forkserver``, ``forkserver_heap``: the worker processes' own life (restart
   between trials, signals, how one died, memory, a warm start).

@@ -16,8 +16,10 @@
   between trials, signals, how one died, memory, a warm start).
 - ``batch_shards`` / ``batch_data``: batch inference's shards on the same workers.
 
-The only package that imports ``distributed`` and ``dask`` (import-linter checks it); it
-calls ``det_tasks`` and ``registry``, and knows nothing of Prefect.
+The package that imports ``distributed`` and ``dask``; import-linter checks it, with one
+declared exception in pyproject.toml's ``ignore_imports``: ``infra.dask_cluster`` imports
+``distributed`` to start the stack's scheduler and ask it for its workers. It calls
+``det_tasks`` and ``registry``, and knows nothing of Prefect.
 """
 
 __all__: list[str] = []

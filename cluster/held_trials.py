@@ -102,8 +102,9 @@ class TrialFailed(RuntimeError):
 class StepRequest:
     """One position-addressed step of a trial: the trial must be at a batch in
     [``start``, ``stop``] to begin; train steps then train to ``stop``. ``stop`` None is
-    the trial's searcher.max_length, which only the worker can turn into batches when it
-    is given in epochs or records (it needs the trial's data loader)."""
+    the trial's searcher.max_length, turned into batches on the worker: records need only
+    ``global_batch_size``, but epochs without ``records_per_epoch`` need the trial's data
+    loader (its length is the epoch)."""
 
     trial: TrialSpec
     kind: str

@@ -1,8 +1,9 @@
 """MLflow and S3: the metrics sink, the checkpoint store, GC, model registry and URI resolution.
 
 Of the platform's packages, the one that talks to MLflow and S3 for trials and experiments
-(``infra.stack`` also uses boto3, to create the local stack's bucket; tests and benchmarks
-use both directly). det_tasks never imports this package: it reaches it through the entry
+(``infra.seaweed`` also uses boto3, to create the local stack's bucket when it starts
+SeaweedFS, declared in pyproject.toml's ``ignore_imports``; tests and benchmarks use both
+directly). det_tasks never imports this package: it reaches it through the entry
 points named in pyproject.toml (checkpoint resolvers, run services, batch-job services, the
 trial-id resolver and ``det-tasks`` subcommands) and the MetricsSink / CheckpointStore
 interfaces. ``registry.shared_database`` (creating a shared local database once) serves the

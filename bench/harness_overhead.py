@@ -8,6 +8,15 @@ and the median ms/step is reported, so machine noise hits all three alike.
     python bench/harness_overhead.py --data map --steps 8000  # per-sample __getitem__
     python bench/harness_overhead.py --device cuda --model cnn --batch-size 64
 
+A count that no other job on the machine can move: instructions per step under valgrind
+(``--only`` runs one way; the difference of two step counts cancels the start-up), e.g.
+
+    OPENBLAS_NUM_THREADS=1 valgrind --tool=cachegrind --cache-sim=no \
+        --cachegrind-out-file=/dev/null python bench/harness_overhead.py --data map \
+        --only harness --repeats 1 --warmup 20 --steps 250     # and --steps 50
+
+(OpenBLAS's idle threads spin under valgrind and would add a random count otherwise.)
+
 ``--data map`` wraps the same tensors in a map-style Dataset whose ``__getitem__`` returns
 one sample (what most Determined trials have), so both loops pay per-sample fetch + collate
 and the difference between them is the harness's own per-step Python.
@@ -241,6 +250,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: thread CPU time"
     )
+    parser.add_argument(
+        "--only",
+        choices=["compute_only", "plain_loop", "harness"],
+        help="run this way alone (for an instruction count under valgrind)",
+    )
     parser.add_argument("--json", action="store_true")
     return parser
 
@@ -260,16 +274,24 @@ def main() -> None:
         "plain_loop": plain_loop,
         "harness": harness,
     }
+    if args.only:
+        ways = {args.only: ways[args.only]}
+    load_before = os.getloadavg()[0]
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, fn in ways.items():
             times[name].append(fn(args, device))
     ms = {name: 1000 * statistics.median(v) for name, v in times.items()}
+    load = f"{load_before:.2f} -> {os.getloadavg()[0]:.2f}"
+    if args.only:
+        print(f"{args.only} {ms[args.only]:.4f} ms/step, {args.steps} steps, load {load}")
+        return
     result = {
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} "
         f"thread(s), torch {torch.__version__}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "clock": args.clock,
+        "load": load,  # the 1-minute load average before -> after: others' jobs share the CPU
         "model": args.model,
         "data": args.data,
         "batch_size": args.batch_size,
@@ -284,7 +306,7 @@ def main() -> None:
         return
     print(
         f"{result['device']} | {args.model} batch {args.batch_size}, {args.data} data | "
-        f"{result['machine']} | {args.clock} clock"
+        f"{result['machine']} | {args.clock} clock | load {load}"
     )
     for name, value in ms.items():
         print(f"  {name:13s} {value:8.3f} ms/step")

@@ -11,15 +11,23 @@ note here and that every ``det``/``det-tasks`` command appears.
   field that no longer exists, raises, so the build fails in ``mkdocs build --strict``.
 - ``cli-det`` / ``cli-det-tasks``: the argparse parsers of ``det`` (det_cli/) and
   ``det-tasks`` (det_tasks/runner/cli.py), walked command by command.
+- ``packages``: every package import-linter knows (pyproject.toml's ``root_packages``) and
+  each of its modules with its docstring's first line, read with ``ast`` (nothing is
+  imported); a module without a docstring fails the build.
+- ``layers`` / ``dynamic-imports``: pyproject.toml's import-linter contracts, and its
+  ``[tool.det_tasks.dynamic_imports]`` with the entry points each group holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
+import tomllib
 import types
 import typing
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -34,8 +42,14 @@ __all__ = [
     "config_markdown",
     "det_parser",
     "det_tasks_parser",
+    "dynamic_imports_markdown",
     "generate",
+    "layers_markdown",
     "on_page_markdown",
+    "package_modules",
+    "packages_markdown",
+    "project_packages",
+    "summary_line",
 ]
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
@@ -578,10 +592,111 @@ def cli_markdown(parser: argparse.ArgumentParser) -> str:
     return "\n".join(lines)
 
 
+# --- packages and layers, read from the code and pyproject.toml ---------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict[str, Any]:
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def project_packages() -> list[str]:
+    """The project's packages, as import-linter's contracts name them."""
+    return list(_pyproject()["tool"]["importlinter"]["root_packages"])
+
+
+def package_modules(package: str) -> Iterator[tuple[str, str]]:
+    """(module, its docstring's summary) for every importable module of ``package``:
+    folders without ``__init__.py`` (bench's model directories) are data, not modules. A
+    module without a docstring raises, so the strict build fails naming it."""
+    top = ROOT / package
+    for path in sorted(top.rglob("*.py")):
+        inner = path.parent.relative_to(top).parts
+        folders = [top.joinpath(*inner[:i]) for i in range(len(inner) + 1)]
+        if not all((f / "__init__.py").is_file() for f in folders):
+            continue
+        parts = [package, *path.relative_to(top).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        if not doc:
+            raise RuntimeError(f"{path.relative_to(ROOT)} has no docstring: say what it is for")
+        yield ".".join(parts), summary_line(doc)
+
+
+def summary_line(docstring: str) -> str:
+    """A docstring's summary on one line: its first sentence (first paragraph, unwrapped)."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    match = re.match(r"(.+?[.!?])(\s|$)", paragraph)
+    return match.group(1) if match else paragraph
+
+
+def packages_markdown() -> str:
+    """Every package and module with its docstring's first line."""
+    lines: list[str] = []
+    for package in project_packages():
+        modules = list(package_modules(package))
+        lines += [f"### `{package}/` {{#{package}}}", "", _cell(modules[0][1]), ""]
+        lines += ["| module | what it is |", "| --- | --- |"]
+        lines += [f"| `{name}` | {_cell(first)} |" for name, first in modules[1:]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _modules_cell(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names) or "none"
+
+
+def layers_markdown() -> str:
+    """The import-linter contracts of pyproject.toml: the layers top first, then the rest."""
+    contracts = _pyproject()["tool"]["importlinter"]["contracts"]
+    lines: list[str] = []
+    for contract in (c for c in contracts if c["type"] == "layers"):
+        lines += [f"**{contract['name']}** (top first):", ""]
+        for i, layer in enumerate(contract["layers"], 1):
+            siblings = [p.strip() for p in layer.split("|")]
+            side = " (side by side: neither imports the other)" if len(siblings) > 1 else ""
+            lines.append(f"{i}. {' | '.join(f'`{p}`' for p in siblings)}{side}")
+        lines.append("")
+    lines += ["| contract | kind | modules | forbidden | declared exceptions |"]
+    lines += ["| --- | --- | --- | --- | --- |"]
+    for contract in (c for c in contracts if c["type"] != "layers"):
+        sources = contract.get("source_modules", contract.get("ancestors", []))
+        lines.append(
+            f"| {_cell(contract['name'])} | {contract['type']} | {_modules_cell(sources)} | "
+            f"{_modules_cell(contract.get('forbidden_modules', []))} | "
+            f"{_modules_cell(contract.get('ignore_imports', []))} |"
+        )
+    return "\n".join([*lines, ""])
+
+
+def dynamic_imports_markdown() -> str:
+    """The loads import-linter cannot see: entry-point groups (who loads each, what its
+    entries name) and the modules that import by name, from pyproject.toml."""
+    project = _pyproject()
+    declared = project["tool"]["det_tasks"]["dynamic_imports"]
+    points = project["project"].get("entry-points", {})
+    lines = ["| entry-point group | loaded by | entries | may name |", "| --- | --- | --- | --- |"]
+    for group, rule in declared["groups"].items():
+        entries = [f"{name} = {target}" for name, target in points.get(group, {}).items()]
+        lines.append(
+            f"| `{group}` | {_modules_cell(rule['loaded_by'])} | {_modules_cell(entries)} | "
+            f"{_modules_cell(rule['may_name'])} |"
+        )
+    lines += ["", "Modules that import a module by name (`importlib.import_module`): "]
+    lines[-1] += _modules_cell(declared["by_name"]) + "."
+    return "\n".join([*lines, ""])
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "config": config_markdown,
     "cli-det": lambda: cli_markdown(det_parser()),
     "cli-det-tasks": lambda: cli_markdown(det_tasks_parser()),
+    "packages": packages_markdown,
+    "layers": layers_markdown,
+    "dynamic-imports": dynamic_imports_markdown,
 }
 
 

@@ -362,14 +362,13 @@ def make_searcher(config: ExperimentConfig, max_batches: int | None = None) -> S
         return RandomSearcher(space, seed, s.max_trials, max_batches)
     if s.name == "adaptive_asha":
         assert s.max_trials is not None
-        length = config.max_length
         if max_batches is None:
-            if length.unit != "batches":
-                raise ConfigError(
-                    "adaptive_asha needs its length in batches to place rungs: use "
-                    "time_metric: batches with max_time, or max_length: {batches: N}"
-                )
-            max_batches = length.value
+            max_batches = config.max_length_in_batches()
+        if max_batches is None:  # refused when the config was read; kept for a bypass
+            raise ConfigError(
+                "adaptive_asha needs its length in batches to place rungs: add "
+                "records_per_epoch, or give max_length in batches or records"
+            )
         return AshaSearcher(
             space,
             seed,

@@ -54,6 +54,9 @@ class SearcherPlugin:
     make: Callable[[Any, int | None], Any]  # (ExperimentConfig, max_batches) -> Searcher
     options: type[SearcherOptions] = SearcherOptions
     check: Callable[[Any], None] | None = None  # (SearcherConfig) -> None
+    # (SearcherConfig) -> whether it counts its length in batches (rungs): an epoch length
+    # is then refused without records_per_epoch, when the config is read.
+    counts_in_batches: Callable[[Any], bool] | None = None
 
 
 def find_searcher_plugin(name: str) -> SearcherPlugin:

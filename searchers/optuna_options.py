@@ -46,4 +46,11 @@ def _make(config: ExperimentConfig, max_batches: int | None) -> Searcher:
     return make_optuna_searcher(config, max_batches, options.sampler, options.pruner)
 
 
-PLUGIN = SearcherPlugin(make=_make, options=OptunaOptions, check=_check)
+def _counts_in_batches(searcher: SearcherConfig) -> bool:
+    """Its pruner judges at rungs counted in batches (none without a pruner)."""
+    return searcher.plugin_fields.get("pruner", "asha") != "none"  # checked after this
+
+
+PLUGIN = SearcherPlugin(
+    make=_make, options=OptunaOptions, check=_check, counts_in_batches=_counts_in_batches
+)

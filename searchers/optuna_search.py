@@ -254,13 +254,12 @@ def make_optuna_searcher(
     lengths: list[int | None] = [max_batches]
     if pruner != "none":
         if max_batches is None:
-            length = config.max_length
-            if length.unit != "batches":
-                raise ConfigError(
-                    f"searcher.pruner {pruner} validates at rungs counted in batches: give "
-                    "max_length: {batches: N} (or time_metric: batches), or use pruner: none"
-                )
-            max_batches = length.value
+            max_batches = config.max_length_in_batches()
+        if max_batches is None:  # refused when the config was read; kept for a bypass
+            raise ConfigError(
+                f"searcher.pruner {pruner} validates at rungs counted in batches: add "
+                "records_per_epoch, or give max_length in batches or records, or use pruner: none"
+            )
         lengths = list(rungs(max_batches, s.divisor, s.max_rungs))
     pruner_lengths = [n for n in lengths if n is not None] or [1]
     make_pruner(pruner, pruner_lengths, s.divisor)

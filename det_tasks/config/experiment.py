@@ -60,6 +60,40 @@ class Length(_Strict):
     def value(self) -> int:
         return int(getattr(self, self.unit))
 
+    def counted(
+        self, global_batch_size: int | None, records_per_epoch: int | None = None
+    ) -> Length:
+        """This length as ``{batches: N}`` or ``{epochs: N}``, by the one rule every
+        conversion uses: batches stay batches; records are ``N // global_batch_size``
+        batches; epochs become ``N * records_per_epoch // global_batch_size`` batches when
+        the config gives ``records_per_epoch`` (Determined's rule: the trial's epoch is what
+        the config says, not what its data loader happens to yield), else stay epochs of the
+        training data loader. Never rounds down to zero batches."""
+        gbs = (
+            global_batch_size if isinstance(global_batch_size, int) and global_batch_size else None
+        )
+        if self.unit == "batches":
+            return self
+        if self.unit == "epochs":
+            if records_per_epoch and gbs:
+                return Length(batches=max(self.value * records_per_epoch // gbs, 1))
+            return self
+        if gbs is None:
+            raise ConfigError(
+                f"length {{records: {self.value}}} needs "
+                "hyperparameters.global_batch_size (a positive int) to count batches: add it, "
+                "or give the length in batches"
+            )
+        return Length(batches=max(self.value // gbs, 1))
+
+    def in_batches(
+        self, global_batch_size: int | None, records_per_epoch: int | None = None
+    ) -> int | None:
+        """This length in batches (``counted``'s rule), or None for epochs without
+        ``records_per_epoch``: their batches are the data loader's, known only at run time."""
+        counted = self.counted(global_batch_size, records_per_epoch)
+        return counted.value if counted.unit == "batches" else None
+
 
 class SearcherConfig(_Strict):
     # A built-in searcher (BUILT_IN_SEARCHERS) or a plug-in's entry point name
@@ -281,6 +315,7 @@ class ExperimentConfig(_Strict):
                 "e.g. `max_length: {batches: 1000}` or `{epochs: 5}`"
                 + (" (or time_metric + max_time)" if self.searcher.name == "adaptive_asha" else "")
             )
+        self._searcher_counts_in_batches()
         if self.searcher.name == "grid":
             problem = grid_problem(self.hyperparameters, self.searcher.max_trials)
             if problem is not None:
@@ -294,7 +329,7 @@ class ExperimentConfig(_Strict):
         return (
             s.max_length is not None
             or s.max_steps is not None
-            or (s.name in ("adaptive_asha", "optuna") and s.max_time is not None)
+            or (s.name not in ("single", "grid", "random") and s.max_time is not None)
         )
 
     @property
@@ -323,3 +358,34 @@ class ExperimentConfig(_Strict):
         if unit not in ("batches", "epochs", "records"):
             raise ValueError(f"searcher.time_metric {unit!r} is not a training length unit")
         return Length(**{unit: self.searcher.max_time})
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """``hyperparameters.global_batch_size`` when it is a constant int, else None."""
+        gbs = self.hyperparameters.get("global_batch_size")
+        value = gbs.val if isinstance(gbs, ConstHP) else None
+        return value if isinstance(value, int) and value >= 1 else None
+
+    def max_length_in_batches(self) -> int | None:
+        """The searcher's length in batches (``Length.counted``'s rule), or None for epochs
+        without ``records_per_epoch``."""
+        return self.max_length.in_batches(self.global_batch_size, self.records_per_epoch)
+
+    def _searcher_counts_in_batches(self) -> None:
+        """A searcher that places rungs in batches (adaptive_asha, a plug-in saying so) is
+        refused a length it cannot count, when the config is read (check-config too)."""
+        s = self.searcher
+        if s.name in BUILT_IN_SEARCHERS:
+            counts = s.name == "adaptive_asha"
+        else:
+            counts_in_batches = find_searcher_plugin(s.name).counts_in_batches
+            counts = counts_in_batches is not None and counts_in_batches(s)
+        if not counts or not self.has_max_length or self.max_length_in_batches() is not None:
+            return
+        length = self.max_length
+        raise ValueError(
+            f"searcher {s.name} places its rungs in batches, and a length of "
+            f"{{epochs: {length.value}}} has a number of batches only with records_per_epoch: "
+            "add records_per_epoch (the training records in one epoch), or give the length "
+            "in batches or records"
+        )

@@ -72,7 +72,9 @@ QUEUE_WAIT_S = 0.5  # how often a flow whose trials all wait asks the job queue 
 
 
 def final_segment(work: Work, cfg: ExperimentConfig) -> bool:
-    return work.batches is None or work.batches == cfg.max_length.value
+    """Whether ``work`` trains its trial to the searcher's full length (in batches: a length
+    in records, or epochs with records_per_epoch, is compared converted, not as written)."""
+    return work.batches is None or work.batches == cfg.max_length_in_batches()
 
 
 class TrialChains:

@@ -116,9 +116,9 @@ __all__ = ["experiment", "run_settings", "worker_count"]
 
 def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
     """How many trials the searcher will run: ``max_trials`` for those that propose trials
-    as others finish (random, adaptive_asha, optuna: their first proposals are fewer),
+    as others finish (random, adaptive_asha, plug-ins: their first proposals are fewer),
     else the trials known now (single, grid)."""
-    if cfg.searcher.name in ("random", "adaptive_asha", "optuna") and cfg.searcher.max_trials:
+    if cfg.searcher.name not in ("single", "grid") and cfg.searcher.max_trials:
         return max(known, cfg.searcher.max_trials)
     return known
 

@@ -89,3 +89,15 @@ def test_optunas_pruner_counts_in_batches_and_without_it_epochs_are_fine() -> No
     assert [w.batches for w in first] == [3, 3]  # the first of rungs 3, 12, 50, 200 (200/4**3)
     unpruned = _config({"epochs": 2}, name="optuna", pruner="none")
     assert [w.batches for w in make_searcher(unpruned).start()][:1] == [None]
+
+
+def test_the_flow_knows_a_trials_last_segment_in_batches_whatever_the_unit() -> None:
+    """The flow releases a held trial after its last segment: with max_length in records,
+    ASHA's top rung (200 batches) is that segment, not a rung of 6,400 batches."""
+    from det_tasks.searcher import Work
+    from flows.chains import final_segment
+
+    config = _config({"records": 6400})
+    assert final_segment(Work(1, {}, 200), config)
+    assert not final_segment(Work(1, {}, 50), config)
+    assert final_segment(Work(1, {}, None), config)

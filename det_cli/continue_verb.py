@@ -114,7 +114,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 def _merged_config(short: str, parameters: dict[str, Any], overrides: list[str]) -> Any:
     """The experiment's config as its flow run ships it, with ``overrides``, validated."""
-    from det_tasks.runner.trial_setup import load_raw_config
+    from det_cli.config_file import load_config
 
     text = parameters.get("config_yaml")
     if not isinstance(text, str):
@@ -126,7 +126,7 @@ def _merged_config(short: str, parameters: dict[str, Any], overrides: list[str])
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / Path(str(parameters.get("config") or "config.yaml")).name
         path.write_text(text, encoding="utf-8")
-        return load_raw_config(path, overrides)
+        return load_config(path, overrides)
 
 
 def continue_hint(reader: Any, run: Any) -> str | None:

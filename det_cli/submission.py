@@ -114,18 +114,13 @@ def _ui_url(flow_run_id: Any) -> str:
 
 def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     """``shown_id`` prints the flow-run id (``det`` shows its 8-character short form)."""
-    from det_tasks.config import apply_overrides
+    from det_cli.config_file import load_config
     from det_tasks.config.experiment_name import named
-    from det_tasks.config.loader import parse_with_overrides, read_config_file
     from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
     from registry.settings import RegistrySettings
     from registry.tracking import client_for, ensure_experiment, mlflow_link
 
-    # Refused here, before any upload (trial_setup.load_raw_config's reading, without
-    # importing torch with it: 1.7 s of CPU).
-    raw = read_config_file(args.config)
-    cfg = parse_with_overrides(raw, args.param, str(args.config))
-    raw = apply_overrides(raw, args.param) if args.param else raw
+    raw, cfg = load_config(args.config, args.param)  # refused here, before any upload
     # Named once, here: the flow and its workers read the name from the overrides sent
     # (a config without `name:` is named after the file the user gave).
     raw, cfg, overrides = named(raw, cfg, args.config, list(args.param))

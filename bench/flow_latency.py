@@ -22,7 +22,15 @@ With a running stack (`make up && make deploy`, `source .stack/env`) and `--depl
 4. `prefect deployment run experiment/const` -> the trial's first batch (its MLflow run's
    start). Target <= 10 s.
 
-    python bench/flow_latency.py [--repeats 3] [--deployment]
+With ``--create`` instead (issue 53 item 4), on a stack of its own (``--port-offset`` shifts
+its ports; bench/det_latency.py's) that is idle between experiments: ``det experiment create``
+of the flow tests' 1-trial XOR experiment (5 batches), one line per phase, medians, each
+from the command's start: the command's return, the flow run's creation, the Prefect
+worker's pickup (Pending), the flow run Running (its process started), the first task
+started (the queue let the trial start), the trial's MLflow run, and its first trained
+batch (the first training metric's timestamp). Target: first batch <= 5 s.
+
+    python bench/flow_latency.py [--repeats 3] [--deployment | --create [--port-offset N]]
 """
 
 from __future__ import annotations
@@ -210,11 +218,116 @@ def deployment_latency() -> dict[str, float]:
     }
 
 
+_LOG_LINES: list[str] = []  # the flow runs' log lines, seconds from their create
+CREATE_PHASES = (
+    "create returned", "flow run created", "worker pickup (Pending)", "flow run Running",
+    "first task started", "trial's MLflow run", "first batch",
+)  # fmt: skip
+
+
+def _prefect_time(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def create_phases(det: Any, env: dict[str, str], name: str) -> dict[str, float]:
+    """``det experiment create`` of a 5-batch XOR experiment on an idle stack; seconds from
+    the command's start to each of CREATE_PHASES. Waits for the flow run to end."""
+    from bench.det_latency import full_id, prefect_get, until
+    from registry.tracking import client_for
+
+    t0 = time.time()
+    five = "searcher.max_length={batches: 5}"
+    out = det.timed("experiment create", "experiment", "create", "killable.yaml", ".",
+                    "--config", f"name={name}", "--config", five)  # fmt: skip
+    returned = time.time() - t0
+    short = next(line for line in out.splitlines() if line.startswith("Created ")).split()[-1]
+    run_id = full_id(env, short)
+    states = until(lambda: _ended_states(env, run_id), 300, f"flow run {short} ends")
+    run: Any = prefect_get(env, f"/flow_runs/{run_id}")
+    tasks: Any = prefect_get(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    mlflow = client_for(env["MLFLOW_TRACKING_URI"])
+    experiment = mlflow.get_experiment_by_name(name)
+    assert experiment is not None, f"no MLflow experiment {name}"
+    trial = mlflow.search_runs([experiment.experiment_id], "tags.`det.trial_id` = '1'")[0]
+    first_points = [
+        min(p.timestamp for p in mlflow.get_metric_history(trial.info.run_id, key))
+        for key in trial.data.metrics
+        if not key.startswith(("validation", "progress/", "system/"))
+    ]
+    logs: Any = prefect_get(
+        env,
+        "/logs/filter",
+        {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 40},
+    )
+    for log in logs:  # where the flow run's own time goes (--create -v)
+        _LOG_LINES.append(f"  {_prefect_time(log['timestamp']) - t0:6.2f} s {log['message'][:110]}")
+    return {
+        "create returned": returned,
+        "flow run created": _prefect_time(run["created"]) - t0,
+        "worker pickup (Pending)": states["PENDING"] - t0,
+        "flow run Running": _prefect_time(run["start_time"]) - t0,
+        "first task started": min(_prefect_time(t["start_time"]) for t in tasks) - t0,
+        "trial's MLflow run": trial.info.start_time / 1000 - t0,
+        "first batch": min(first_points) / 1000 - t0,
+    }
+
+
+def _ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
+    """The flow run's state types with their first timestamps, once it is COMPLETED."""
+    from bench.det_latency import prefect_get
+
+    states: Any = prefect_get(env, f"/flow_run_states/?flow_run_id={run_id}")
+    seen: dict[str, float] = {}
+    for state in sorted(states, key=lambda s: s["timestamp"]):
+        seen.setdefault(state["type"], _prefect_time(state["timestamp"]))
+    if "FAILED" in seen or "CRASHED" in seen:
+        raise RuntimeError(f"flow run {run_id} failed: {states[-1]}")
+    return seen if "COMPLETED" in seen else None
+
+
+def create_to_first_batch(repeats: int, port_offset: int, verbose: bool = False) -> None:
+    """Issue 53 item 4: one line per phase (median, min-max) over ``repeats`` experiments."""
+    import shutil
+
+    from bench.det_latency import MODEL, Det, a_stack
+
+    with tempfile.TemporaryDirectory(prefix="create-latency-") as folder:
+        tmp = Path(folder)
+        workdir = tmp / "xor"
+        shutil.copytree(MODEL, workdir)
+        stack_args = argparse.Namespace(stack_dir=None, port_offset=port_offset)
+        with a_stack(stack_args, tmp) as stack_env:
+            env = {**os.environ, **stack_env, "PREFECT_HOME": str(tmp / "prefect-client")}
+            env.pop("DET_MASTER", None)
+            det = Det("this tree", ROOT, env, workdir)
+            create_phases(det, env, f"bench-create-warmup-{os.getpid()}")  # not counted
+            before = os.getloadavg()[0]
+            rows = [
+                create_phases(det, env, f"bench-create-{os.getpid()}-{i}") for i in range(repeats)
+            ]
+    print(f"load average (1 min) before {before:.2f}, after {os.getloadavg()[0]:.2f}; "
+          f"{platform.node()} ({os.cpu_count()} CPUs); medians of {repeats}, seconds from "
+          "`det experiment create`")  # fmt: skip
+    for phase in CREATE_PHASES:
+        values = [r[phase] for r in rows]
+        print(f"{phase}: {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
+    if verbose:
+        print("\n".join(_LOG_LINES))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deployment", action="store_true", help="also measure item 4")
+    parser.add_argument("--create", action="store_true", help="det experiment create's phases")
+    parser.add_argument("--port-offset", type=int, default=0, help="--create: shift its ports")
+    parser.add_argument("-v", "--verbose", action="store_true", help="--create: the flow logs")
     args = parser.parse_args()
+    if args.create:
+        create_to_first_batch(args.repeats, args.port_offset, args.verbose)
+        return
     # No system-metrics sampler in the trials this script starts: it would time it too.
     os.environ["DET_TASKS_SYSTEM_METRICS_INTERVAL"] = "0"
     one, grid, serial, serial_1 = [], [], [], []

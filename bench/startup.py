@@ -148,8 +148,12 @@ def against_the_floor(repeats: int) -> None:
     ours_s = statistics.median(r["wall"] for r in ours)
     floor_s = statistics.median(floor)
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
-    print(f"prefect one-task flow, warm home, median of {repeats}: {floor_s:.2f} s {floor}")
-    print(f"1-batch flows.experiment, warm home, median of {repeats}: {ours_s:.2f} s")
+    walls = [round(f, 2) for f in floor]
+    print(f"prefect one-task flow, warm home, median of {repeats}: {floor_s:.2f} s {walls}")
+    print(
+        f"1-batch flows.experiment, warm home, median of {repeats}: {ours_s:.2f} s "
+        f"{[round(r['wall'], 2) for r in ours]}"
+    )
     print(f"ratio (target <= 1.3): {ours_s / floor_s:.3f}")
     for phase in PHASES[:-1]:
         print(f"  {phase}: {statistics.median(r[phase] for r in ours):.2f} s")

@@ -4,8 +4,9 @@ folder, stopped at the end), with the flow tests' XOR trial slowed by a sleep pe
 
 1. Fair share on 2 workers: a 6-trial grid (2 at a time, 40 s trials), then a second
    experiment once the grid trains. Printed: when the second's trial started against when
-   the first slot freed after its flow asked the queue, and how many grid trials started in
-   between (first come, first served: every one of the grid's).
+   the first slot freed after the queue knew it (from its ``det experiment create`` on), and
+   how many grid trials started in between (first come, first served: every one of the
+   grid's).
 2. Priority on 2 workers: two priority-42 trials hold both workers past the 30 s minimum;
    an experiment with ``resources.priority: 1`` is created. Printed: seconds from the
    ``det experiment create`` command to its trial's first training batch (target: <= 30 s
@@ -131,7 +132,7 @@ def fair_share(env: dict[str, str]) -> None:
         env, "killable.yaml", "name=bench-q-second", f"hyperparameters.sleep_s={SLEEP_S}",
         "searcher.max_length.batches=60",
     )  # fmt: skip
-    # From when its flow asked the queue (its flow's start is not the queue's to shorten).
+    # From when the queue knew it: since issue 53 its create (before: its flow's first report).
     until(
         lambda: any(j["name"] == "bench-q-second" for j in job_list(env)),
         300,

@@ -24,7 +24,7 @@ trivial task on the ephemeral server Prefect starts itself) against the 1-batch 
 both whole processes in warm homes, interleaved, and prints one line per figure: each
 wall's median, their ratio (target <= 1.3) and the 1-batch run's phases.
 
-    python bench/startup.py [--repeats 3] [--floor]
+    python bench/startup.py [--repeats 3] [--floor [--baseline-src DIR]]
 """
 
 from __future__ import annotations
@@ -75,14 +75,14 @@ def _clock(text: str, day: datetime) -> float:
     return at.timestamp()
 
 
-def run_once(home: Path, prestart: bool = True) -> dict[str, float]:
-    """One whole command in ``home``; its wall and phases in seconds. ``prestart=False``:
-    Prefect starts its ephemeral server itself (the behaviour before issue 24)."""
+def run_once(home: Path, prestart: bool = True, src: Path = ROOT) -> dict[str, float]:
+    """One whole command in ``home``, run from the source tree ``src``; its wall and phases
+    in seconds. ``prestart=False``: Prefect starts its ephemeral server itself (the
+    behaviour before issue 24)."""
     t0 = time.time()
     day = datetime.now()
-    done = run_in_home(
-        home, "flows.experiment", str(CONFIG), *ONE_BATCH, env={PRESTART_ENV: str(int(prestart))}
-    )
+    env = {PRESTART_ENV: str(int(prestart)), "PYTHONPATH": str(src)}
+    done = run_in_home(home, "flows.experiment", str(CONFIG), *ONE_BATCH, env=env)
     t_end = time.time()
     if done.returncode:
         sys.exit(f"the flow failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -130,42 +130,47 @@ def floor_once(home: Path) -> float:
     return time.time() - t0
 
 
-def against_the_floor(repeats: int) -> None:
+def against_the_floor(repeats: int, baseline: Path | None = None) -> None:
     """Issue 53 item 2: the 1-batch run against Prefect's own one-task flow, warm homes,
-    interleaved; one line per figure."""
+    interleaved; one line per figure. ``baseline``: another source tree's 1-batch run
+    (``git archive COMMIT | tar -x -C DIR``) interleaved with them, in a home of its own."""
     load_before = os.getloadavg()[0]
-    ours: list[dict[str, float]] = []
+    trees = {"this tree": ROOT, **({"baseline": baseline.resolve()} if baseline else {})}
+    ours: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     floor: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        homes = Path(tmp) / "ours", Path(tmp) / "floor"
-        for home in homes:
+        homes = {name: Path(tmp) / f"ours-{i}" for i, name in enumerate(trees)}
+        floor_home = Path(tmp) / "floor"
+        for home in [*homes.values(), floor_home]:
             home.mkdir()
-        run_once(homes[0])  # warm the homes; not counted
-        floor_once(homes[1])
+        for name, src in trees.items():  # warm the homes; not counted
+            run_once(homes[name], src=src)
+        floor_once(floor_home)
         for _ in range(repeats):
-            ours.append(run_once(homes[0]))
-            floor.append(floor_once(homes[1]))
-    ours_s = statistics.median(r["wall"] for r in ours)
+            for name, src in trees.items():
+                ours[name].append(run_once(homes[name], src=src))
+            floor.append(floor_once(floor_home))
     floor_s = statistics.median(floor)
-    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     walls = [round(f, 2) for f in floor]
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     print(f"prefect one-task flow, warm home, median of {repeats}: {floor_s:.2f} s {walls}")
-    print(
-        f"1-batch flows.experiment, warm home, median of {repeats}: {ours_s:.2f} s "
-        f"{[round(r['wall'], 2) for r in ours]}"
-    )
-    print(f"ratio (target <= 1.3): {ours_s / floor_s:.3f}")
-    for phase in PHASES[:-1]:
-        print(f"  {phase}: {statistics.median(r[phase] for r in ours):.2f} s")
+    for name, runs in ours.items():
+        wall = statistics.median(r["wall"] for r in runs)
+        each = [round(r["wall"], 2) for r in runs]
+        print(f"1-batch flows.experiment ({name}), warm home: {wall:.2f} s {each}")
+        print(f"ratio ({name}; target <= 1.3): {wall / floor_s:.3f}")
+        for phase in PHASES[:-1]:
+            print(f"  {name} {phase}: {statistics.median(r[phase] for r in runs):.2f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--floor", action="store_true", help="against Prefect's own flow")
+    parser.add_argument("--baseline-src", type=Path, help="--floor: another tree beside it")
     args = parser.parse_args()
     if args.floor:
-        against_the_floor(args.repeats)
+        against_the_floor(args.repeats, args.baseline_src)
         return
     load_before = os.getloadavg()[0]
     columns = [(home, prestart) for home in ("fresh", "warm") for prestart in (True, False)]

@@ -42,6 +42,7 @@ __all__ = [
     "WarmServices",
     "attach_warm_services",
     "honour_checkpoint_folder",
+    "prefect_database_ready",
     "start_shielded_prefect_server",
     "use_embedded_defaults",
 ]
@@ -241,6 +242,7 @@ class EmbeddedPrefectServer:
         self.database = database
         self.process: subprocess.Popen[bytes] | None = None
         self.error: BaseException | None = None
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="det-tasks-prefect-server")
 
     @classmethod
@@ -266,6 +268,7 @@ class EmbeddedPrefectServer:
             raise RuntimeError(f"the embedded Prefect server failed: {self.error}") from None
 
     def stop(self) -> None:
+        self._stopping.set()  # a server not spawned yet never is
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
@@ -289,8 +292,10 @@ class EmbeddedPrefectServer:
 
     def _spawn_and_wait(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
+        if self._stopping.is_set():
+            return
         self.process = self._spawn()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._stopping.is_set():
             code = self.process.poll()
             if code == PORT_IN_USE:
                 self.port = _free_port()  # the flow's URL must follow it
@@ -361,6 +366,13 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def prefect_database_ready() -> bool:
+    """Whether Prefect's server would create nothing in this home: its SQLite database was
+    made ready by an earlier run (create_once's marker beside it)."""
+    database = _default_sqlite_database()
+    return database is not None and database.with_name(database.name + ".ready").exists()
 
 
 def _prefect_home() -> Path:

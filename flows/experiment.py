@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flows.command_line import CommandLine, check_command_line
-from flows.embedded import EmbeddedPrefectServer, WarmServices, attach_warm_services
+from flows.embedded import (
+    EmbeddedPrefectServer,
+    WarmServices,
+    attach_warm_services,
+    prefect_database_ready,
+)
 
 
 def _prestart(
@@ -31,18 +36,32 @@ def _prestart(
     """With valid input, use the home's warm services (infra.warm_home) where they answer,
     else start Prefect's server now, in its own process, while this module imports Prefect,
     MLflow and Dask; the checked command line goes to main, which does not check it again.
-    With bad input start nothing (main says what is wrong, and nothing was created)."""
+    With bad input start nothing (main says what is wrong, and nothing was created).
+
+    In a home whose Prefect database is ready and that has no warm services, the server
+    starts before the command line is checked: that check imports the user's trial (and
+    torch), ~2 s the server's start would otherwise wait for. Bad input then stops it; it
+    created nothing."""
     from det_tasks.errors import DetTasksError
+    from det_tasks.home import warm_record
 
     if not argv or argv[0] in ("-h", "--help"):
-        return None, None, None
-    try:
-        checked = check_command_line(argv)
-    except (DetTasksError, ValueError):
         return None, None, None
     memory = os.environ.get("DET_TASKS_WORKER_MEMORY_MB", "512")  # engine.worker_memory_mb
     if not memory.isdigit() or int(memory) <= 0:
         return None, None, None
+    early = None
+    if not warm_record() and prefect_database_ready():
+        early = EmbeddedPrefectServer.start()
+    try:
+        checked = check_command_line(argv)
+    except (DetTasksError, ValueError):
+        if early is not None:
+            early.stop()
+            os.environ.pop("PREFECT_API_URL", None)
+        return None, None, None
+    if early is not None:
+        return checked, early, None
     warm = attach_warm_services(checked.cfg.resources.slots_per_trial)
     if warm is not None:
         return checked, None, warm
@@ -484,10 +503,7 @@ def main(
         contextlib.ExitStack() as settings,
     ):
         try:
-            # The flow's first MLflow client needs its store's module (~1.3 s to import):
-            # imported here, while Prefect's server still starts, not after it. No other
-            # thread imports MLflow or SQLAlchemy now (the cluster's only starts Dask).
-            import_tracking_store(os.environ.get("MLFLOW_TRACKING_URI", ""))
+            import_tracking_store(os.environ.get("MLFLOW_TRACKING_URI", ""))  # as it starts
             if prestarted is not None:
                 prestarted.wait_ready()  # its port is final now
             settings.enter_context(run_settings(prestarted.api_url if prestarted else None))

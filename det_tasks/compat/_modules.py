@@ -10,8 +10,7 @@ from det_tasks import cluster_info, pytorch, run_services
 from det_tasks.compat import _names
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
-from det_tasks.pytorch import experimental, samplers
-from det_tasks.pytorch import Batch, Epoch
+from det_tasks.pytorch import Batch, Epoch, experimental, samplers
 
 __all__ = ["InvalidHP", "TorchWriter", "build"]
 

@@ -17,8 +17,7 @@ from det_tasks.checkpoints.retention import collect_garbage
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, TrialError
-from det_tasks.pytorch import Trainer, init
-from det_tasks.pytorch import Batch, Epoch, TrainUnit
+from det_tasks.pytorch import Batch, Epoch, Trainer, TrainUnit, init
 from det_tasks.runner import worker_group
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import (

@@ -23,6 +23,7 @@ __all__ = [
     "http_address",
     "list_jobs",
     "queue_job",
+    "request_stop",
     "update_job",
 ]
 
@@ -63,6 +64,14 @@ def queue_job(address: str, key: str, job: dict[str, Any]) -> dict[str, Any]:
 def forget_job(address: str, key: str) -> None:
     """Take a paused experiment that was canceled or killed off the queue's list."""
     _call(address, "DELETE", f"/det-tasks/jobs/{key}")
+
+
+def request_stop(address: str, key: str, mode: str) -> str | None:
+    """Leave ``mode`` (pause, cancel, kill) where the experiment's flow reads it; the mode
+    that was there before (None: none)."""
+    answer: dict[str, Any] = _call(address, "PUT", f"/det-tasks/stop/{key}", {"mode": mode})
+    before = answer.get("before")
+    return str(before) if before is not None else None
 
 
 def cluster_pools_at(address: str) -> dict[str, int]:

@@ -14,7 +14,9 @@ anyone, flow or ``det``, with no preload to keep in step.
 - ``POST /det-tasks/jobs``: ``{"key", "job"}``, an experiment queued at its creation;
 - ``PATCH /det-tasks/jobs/KEY``: ``{"priority"|"weight"|"max_slots": value}``;
 - ``DELETE /det-tasks/jobs/KEY``: a paused experiment canceled or killed, off the list;
-- ``GET  /det-tasks/pools``: each resource pool and its slots.
+- ``GET  /det-tasks/pools``: each resource pool and its slots;
+- ``PUT  /det-tasks/stop/KEY``: ``{"mode": "pause"|"cancel"|"kill"}``, an experiment's stop
+  request left where its flow reads it (cluster.stop_requests); answers the mode there before.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from distributed.http.utils import RequestHandler
 from tornado.web import HTTPError
 
 from cluster.job_queue import JOB_QUEUE_NAME, JobQueue
+from cluster.stop_requests import STOP_STATES, stop_metadata_key
 
-__all__ = ["JOBS_PATH", "POOLS_PATH", "ROUTES_SETTING", "route_modules", "routes"]
+__all__ = ["JOBS_PATH", "POOLS_PATH", "ROUTES_SETTING", "STOP_PATH", "route_modules", "routes"]
 
 JOBS_PATH = "/det-tasks/jobs"
 POOLS_PATH = "/det-tasks/pools"
+STOP_PATH = "/det-tasks/stop"
 ROUTES_SETTING = "distributed.scheduler.http.routes"
 
 
@@ -103,9 +107,26 @@ class PoolsHandler(_QueueHandler):
         self.answer((await self.queue()).pools())
 
 
+class StopHandler(_QueueHandler):
+    def put(self, key: str) -> None:
+        mode = self.body("mode")["mode"]
+        if mode not in STOP_STATES:
+            raise HTTPError(
+                400,
+                reason=f"{self.request.path}: mode {mode!r} is not one of {sorted(STOP_STATES)}",
+            )
+        scheduler: Scheduler = self.server
+        where: list[Any] = list(stop_metadata_key(key))
+        before = scheduler.get_metadata(keys=where, default=None)
+        if before != mode:
+            scheduler.set_metadata(keys=where, value=mode)
+        self.answer({"before": before})
+
+
 # What Dask's get_handlers reads: (path, handler, its initialize arguments).
 routes: list[tuple[str, type, dict[str, Any]]] = [
     (JOBS_PATH, JobsHandler, {}),
     (JOBS_PATH + "/([^/]+)", JobHandler, {}),
     (POOLS_PATH, PoolsHandler, {}),
+    (STOP_PATH + "/([^/]+)", StopHandler, {}),
 ]

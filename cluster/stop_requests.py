@@ -44,8 +44,19 @@ def record_stop(client: Any, experiment_key: str, mode: str | None) -> None:
 
 def request_stop_at(address: str, experiment_key: str, mode: str) -> str | None:
     """Leave ``mode`` for the experiment at the scheduler ``address`` without a Dask client
-    of its own (one RPC); returns the mode that was there before (None: none). Raises
+    of its own: one HTTP request to its routes (cluster.queue_http; no Dask import, about
+    0.5 s less per ``det experiment pause``), or one RPC to a scheduler started without them
+    (a plain ``dask scheduler``). Returns the mode that was there before (None: none);
     OSError when the scheduler cannot be reached."""
+    from cluster.job_requests import request_stop
+
+    try:
+        return request_stop(address, experiment_key, mode)
+    except (RuntimeError, OSError):  # no routes there, or not on port + 1: Dask's own RPC
+        return _request_stop_by_rpc(address, experiment_key, mode)
+
+
+def _request_stop_by_rpc(address: str, experiment_key: str, mode: str) -> str | None:
     from distributed.core import rpc
 
     key = stop_metadata_key(experiment_key)

@@ -1,9 +1,10 @@
-"""What the ``det`` command asks of Prefect's client library: start a deployment run, read
-a run's logs, delete a run, and re-read the settings once the command has chosen its
-master. (Reading runs and their states goes through ``flows.prefect_rest``: quicker.)"""
+"""What the ``det`` command asks of Prefect's client library: start a deployment run, delete
+a run, and re-read the settings once the command has chosen its master. (Reading runs, their
+states and their logs goes through ``flows.prefect_rest``: quicker.)"""
 
 from __future__ import annotations
 
+import datetime
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,54 +52,40 @@ def reread_prefect_settings() -> None:
 
 
 class LogReader:
-    """A flow run's logs, read in order a page at a time (``task_name_contains``: only those
-    of its task runs whose name contains it: one trial's)."""
+    """A flow run's logs, read in order a page at a time over Prefect's REST API
+    (``flows.prefect_rest``: no Prefect import, about 1 s less per ``det experiment logs``);
+    ``task_name_contains``: only those of its task runs whose name contains it (one
+    trial's)."""
 
-    def __init__(self, client: Any, flow_run_id: Any, task_name_contains: str | None) -> None:
-        self.client = client
+    def __init__(self, flow_run_id: Any, task_name_contains: str | None) -> None:
         self.flow_run_id = flow_run_id
         self.task_name_contains = task_name_contains
         self.seen = 0
 
     def state(self) -> str:
         """The run's state type (``COMPLETED``, ``RUNNING``, ...)."""
-        run = self.client.read_flow_run(self.flow_run_id)
-        return run.state.type.value if run.state else "PENDING"
+        from flows import prefect_rest
+
+        return prefect_rest.read_flow_run(self.flow_run_id).state
 
     def next_lines(self) -> list[str]:
-        """The log lines written since the last call, each ``HH:MM:SS message``."""
-        from prefect.client.schemas.sorting import LogSort
+        """The log lines written since the last call, each ``HH:MM:SS message`` (UTC, as
+        Prefect's records are)."""
+        from flows import prefect_rest
 
-        logs = self.client.read_logs(self._filter(), offset=self.seen, sort=LogSort.TIMESTAMP_ASC)
+        tasks = None
+        if self.task_name_contains is not None:
+            tasks = prefect_rest.task_run_ids(self.flow_run_id, self.task_name_contains)
+        logs = prefect_rest.read_logs(self.flow_run_id, self.seen, tasks)
         self.seen += len(logs)
-        return [f"{log.timestamp:%H:%M:%S} {log.message}" for log in logs]
+        return [f"{_clock(log['timestamp'])} {log['message']}" for log in logs]
 
-    def _filter(self) -> Any:
-        from prefect.client.schemas.filters import (
-            FlowRunFilter,
-            FlowRunFilterId,
-            LogFilter,
-            LogFilterFlowRunId,
-            LogFilterTaskRunId,
-            TaskRunFilter,
-            TaskRunFilterName,
-        )
 
-        by_run = LogFilterFlowRunId(any_=[self.flow_run_id])
-        if self.task_name_contains is None:
-            return LogFilter(flow_run_id=by_run)
-        tasks = self.client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[self.flow_run_id])),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=self.task_name_contains)),
-        )
-        ids = [t.id for t in tasks if self.task_name_contains in t.name]
-        return LogFilter(flow_run_id=by_run, task_run_id=LogFilterTaskRunId(any_=ids))
+def _clock(timestamp: str) -> str:
+    return f"{datetime.datetime.fromisoformat(timestamp):%H:%M:%S}"
 
 
 @contextmanager
 def log_reader(flow_run_id: Any, task_name_contains: str | None = None) -> Iterator[LogReader]:
-    """A ``LogReader`` on a Prefect client that is closed after."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        yield LogReader(client, flow_run_id, task_name_contains)
+    """A ``LogReader`` on the run (kept a context manager: its callers close it)."""
+    yield LogReader(flow_run_id, task_name_contains)

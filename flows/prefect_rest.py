@@ -32,8 +32,10 @@ __all__ = [
     "experiment_runs",
     "experiment_state",
     "read_flow_run",
+    "read_logs",
     "resume_flow_run",
     "set_flow_run_state",
+    "task_run_ids",
     "update_flow_run_parameters",
     "ui_url",
 ]
@@ -231,3 +233,26 @@ def resume_flow_run(flow_run_id: uuid.UUID | str) -> None:
         if state == "FAILED":
             raise PrefectError(f"flow run {flow_run_id} can no longer be resumed ({reason})")
         raise PrefectError(f"the Prefect server refused to resume flow run {flow_run_id}: {reason}")
+
+
+def read_logs(
+    flow_run_id: uuid.UUID | str, offset: int, task_run_ids: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The flow run's log records from ``offset`` on, oldest first, a page at a time (the
+    server's default page, as Prefect's ``read_logs`` without a limit); with
+    ``task_run_ids``, only those task runs' records."""
+    logs: dict[str, Any] = {"flow_run_id": {"any_": [str(flow_run_id)]}}
+    if task_run_ids is not None:
+        logs["task_run_id"] = {"any_": task_run_ids}
+    body = {"logs": logs, "offset": offset, "sort": "TIMESTAMP_ASC"}
+    return list(_request("POST", "/logs/filter", body) or [])
+
+
+def task_run_ids(flow_run_id: uuid.UUID | str, name_contains: str) -> list[str]:
+    """The ids of the flow run's task runs whose name contains ``name_contains``."""
+    body = {
+        "flow_runs": {"id": {"any_": [str(flow_run_id)]}},
+        "task_runs": {"name": {"like_": name_contains}},
+    }
+    runs = _request("POST", "/task_runs/filter", body) or []
+    return [str(run["id"]) for run in runs if name_contains in str(run.get("name", ""))]

@@ -283,6 +283,16 @@ def test_det_runs_the_mnist_tutorial_verbatim(deployed, tmp_path, monkeypatch, c
         det(["e", "logs", exp_id])
     assert waited == 0, capsys.readouterr().out[-4000:]
     assert f"Experiment {exp_id} terminated with state COMPLETED" in capsys.readouterr().out
+    # Its logs, read over Prefect's REST API: the flow's, then one trial's task runs only.
+    assert det(["e", "logs", exp_id]) == 0
+    flow_lines = capsys.readouterr().out.splitlines()
+    assert any(
+        re.fullmatch(r"\d\d:\d\d:\d\d .*1 trial\(s\) to start.*", line) for line in flow_lines
+    )
+    assert det(["t", "logs", f"{exp_id}/1"]) == 0
+    trial_lines = capsys.readouterr().out.splitlines()
+    assert trial_lines and len(trial_lines) < len(flow_lines), trial_lines
+    assert not any("trial(s) to start" in line for line in trial_lines)
     assert det(["e", "lc", exp_id]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     assert len(rows) >= 1 and rows[0].split()[1] == "4", rows

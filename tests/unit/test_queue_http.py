@@ -98,3 +98,39 @@ def test_the_det_side_imports_no_dask() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_det_leaves_a_stop_request_over_http_where_the_flow_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``det experiment pause|cancel|kill`` (cluster.stop_requests.request_stop_at): one HTTP
+    request, the mode left in the scheduler's metadata the flow reads, the mode before
+    returned (so a repeated pause is said to be one)."""
+    from cluster.stop_requests import request_stop_at, stop_metadata_key
+
+    def calls(scheduler: Scheduler) -> None:
+        where = stop_metadata_key("cccc3333-key")
+        assert request_stop_at(SCHEDULER, "cccc3333-key", "pause") is None
+        assert scheduler.get_metadata(keys=where, default=None) == "pause"
+        assert request_stop_at(SCHEDULER, "cccc3333-key", "pause") == "pause"
+        assert request_stop_at(SCHEDULER, "cccc3333-key", "kill") == "pause"
+        assert scheduler.get_metadata(keys=where, default=None) == "kill"
+        with pytest.raises(RuntimeError, match="mode 'stop' is not one of"):
+            job_requests.request_stop(SCHEDULER, "cccc3333-key", "stop")
+
+    _on_scheduler(monkeypatch, calls, route_modules())
+
+
+def test_a_scheduler_without_the_routes_gets_the_stop_request_by_rpc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain ``dask scheduler`` (Dask's own routes only) answers 404: the request falls
+    back to Dask's RPC, and the flow finds the same mode in the same place."""
+    from cluster.stop_requests import request_stop_at, stop_metadata_key
+
+    def calls(scheduler: Scheduler) -> None:
+        assert request_stop_at(scheduler.address, "dddd4444-key", "cancel") is None
+        where = stop_metadata_key("dddd4444-key")
+        assert scheduler.get_metadata(keys=where, default=None) == "cancel"
+
+    _on_scheduler(monkeypatch, calls, list(dask.config.get(ROUTES_SETTING)))

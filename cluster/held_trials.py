@@ -191,6 +191,9 @@ class HeldTrialPlugin(WorkerPlugin):
         # The held trial's stop request: set from the worker's event loop (Client.run),
         # read by the training thread at batch boundaries.
         self.preemption = threading.Event()
+        # Set (before preemption) when the worker closes: the running step's training is
+        # replayed on another worker, so its stop reports nothing (counted once).
+        self.abandoning = threading.Event()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
         # Trials the cluster's job queue asked to give way: (experiment key, trial id).
         self.preempting: set[tuple[str, int]] = set()
@@ -202,11 +205,13 @@ class HeldTrialPlugin(WorkerPlugin):
         """Sent to each worker by the client: everything but the (per-process) event."""
         state = dict(self.__dict__)
         state.pop("preemption", None)
+        state.pop("abandoning", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.preemption = threading.Event()
+        self.abandoning = threading.Event()
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
@@ -230,6 +235,7 @@ class HeldTrialPlugin(WorkerPlugin):
         # The worker is closing (its scheduler gone, or told to): a step running here is
         # given to another worker, so its training stops at the next batch boundary.
         self.closing = True
+        self.abandoning.set()
         self.preemption.set()
         self.release()
         for model in self.packages.values():
@@ -470,7 +476,7 @@ def _work(
         asked = _preempt_key(spec) in plugin.preempting
         if asked or (spec.experiment_run_key or "") in plugin.stop_modes:  # before it began
             plugin.preemption.set()
-        trial.train_to(_bound(request.stop, trial), plugin.preemption)
+        trial.train_to(_bound(request.stop, trial), plugin.preemption, plugin.abandoning)
         return None, None
     if request.kind == "validate":
         return trial.validate(), None

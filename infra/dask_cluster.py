@@ -17,6 +17,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from cluster.pools import DEFAULT_POOL, POOL_ENV, pool_resource_arg
 from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
@@ -30,6 +31,7 @@ ROUTES_ENV = "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES"
 __all__ = [
     "registered_workers",
     "scheduler_address",
+    "scheduler_answers",
     "scheduler_http_port",
     "scheduler_service",
     "worker_service",
@@ -62,7 +64,7 @@ def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service
     return Service(
         "dask-scheduler",
         argv,
-        lambda: port_open(port, host),
+        lambda: port_open(port, host) and scheduler_answers(scheduler_address(port, host)),
         root,
         # Steps are placed where their trial is held: no work stealing.
         env={
@@ -151,19 +153,34 @@ def registered_workers(scheduler: str, timeout_s: float = 3.0) -> set[str]:
     """Names of the workers the scheduler at ``scheduler`` lists now (none when it cannot
     be reached): asked of the scheduler itself, so a status or a start-up wait sees what
     flows would see."""
+    identity = _scheduler_identity(scheduler, timeout_s)
+    return {str(w.get("name")) for w in (identity or {}).get("workers", {}).values()}
+
+
+def scheduler_answers(scheduler: str, timeout_s: float = 3.0) -> bool:
+    """Whether a Dask scheduler answers at ``scheduler``: its health check. An open port is
+    not enough: the port after a scheduler's is its HTTP server (cluster.queue_http)."""
+    return _scheduler_identity(scheduler, timeout_s) is not None
+
+
+def _scheduler_identity(scheduler: str, timeout_s: float) -> dict[str, Any] | None:
+    """The scheduler's own description (its workers among it), or None when no Dask
+    scheduler answers there."""
     from distributed.core import rpc
 
-    async def ask() -> set[str]:
+    async def ask() -> Any:
         async with rpc(scheduler, timeout=timeout_s) as remote:
-            identity = await remote.identity()
-        return {str(w.get("name")) for w in identity.get("workers", {}).values()}
+            return await remote.identity()
 
     try:
-        return asyncio.run(asyncio.wait_for(ask(), timeout_s))
+        identity = asyncio.run(asyncio.wait_for(ask(), timeout_s))
     except (OSError, TimeoutError):
-        return set()
+        return None
     except Exception:  # something else answered on that address (not a Dask scheduler)
-        return set()
+        return None
+    if isinstance(identity, dict) and identity.get("type") == "Scheduler":
+        return identity
+    return None
 
 
 def _mkdir(path: Path) -> Path:

@@ -102,6 +102,10 @@ class TrialController:
         # Set from another thread (a pause, cancel or Ctrl-C) to stop at the next batch
         # boundary: one attribute read per batch, as Determined polls preemption.
         self.preemption: threading.Event | None = None
+        # Set with ``preemption`` when the training is abandoned to be replayed elsewhere (its
+        # worker is closing): the stop then reports nothing, since the replay from the last
+        # checkpoint reports those batches again and MLflow would count them twice.
+        self.abandoned: threading.Event | None = None
         self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
@@ -167,7 +171,8 @@ class TrialController:
                 ):
                     # Reported now: a kill takes no checkpoint (whose step would report it),
                     # so MLflow's progress/batches would stay at the last scheduling unit.
-                    self._report_training()
+                    if self.abandoned is None or not self.abandoned.is_set():
+                        self._report_training()
                     break
         self._record_position()
 

@@ -185,21 +185,30 @@ class HeldTrial:
         checkpoints a validation only when it beats it (Determined's rule under a search)."""
         self._controller.experiment_best = value
 
-    def train_to(self, batches: int, preemption: threading.Event | None = None) -> int:
+    def train_to(
+        self,
+        batches: int,
+        preemption: threading.Event | None = None,
+        abandoned: threading.Event | None = None,
+    ) -> int:
         """Train until ``batches`` in total (or until the trial asks to stop, or
         ``preemption`` is set: then at the next batch boundary); returns the position
-        reached. Periodic validations and checkpoints happen on the way."""
+        reached. Periodic validations and checkpoints happen on the way. ``abandoned``, set
+        with ``preemption``, stops without reporting the batches since the last report: they
+        are trained again from the last checkpoint elsewhere."""
         if batches < self.position:
             raise ValueError(
                 f"trial {self.spec.trial_id} is at batch {self.position}, past {batches}: "
                 "restore an earlier checkpoint to go back"
             )
         self._controller.preemption = preemption
+        self._controller.abandoned = abandoned
         try:
             with self._step():
                 self._controller.train_until(batches)
         finally:
             self._controller.preemption = None
+            self._controller.abandoned = None
         return self.position
 
     def validate(self) -> dict[str, Any] | None:

@@ -179,3 +179,25 @@ def test_a_worker_builds_the_trial_from_the_config_the_flow_parsed(
         assert Path(uri).parent == tmp_path / "store"  # the flow's override, not the file's
     finally:
         trial.close()
+
+
+@pytest.mark.parametrize(("abandoned", "reported"), [(False, [1]), (True, [])])
+def test_a_stop_reports_its_batches_unless_they_are_trained_again_elsewhere(
+    model_dir: Path, tmp_path: Path, abandoned: bool, reported: list[int]
+) -> None:
+    """A stop at a batch boundary reports the training since the last report (a kill takes
+    no checkpoint that would). A worker that closes abandons its step to be replayed from
+    the last checkpoint on another worker: that stop reports nothing, or MLflow would hold
+    those batches twice (a chaos run recorded training/loss at 30, 32 and 60)."""
+    import threading
+
+    held = HeldTrial(_spec(model_dir, tmp_path / "held"))
+    try:
+        stop, gone = threading.Event(), threading.Event()
+        stop.set()
+        if abandoned:
+            gone.set()
+        assert held.train_to(10, stop, gone) == 1
+        assert [step for step, _ in held._controller.sink.training] == reported
+    finally:
+        held.close()

@@ -178,27 +178,23 @@ def queue_at_create(key: str, cfg: Any) -> None:
 
     from cluster.environment import SCHEDULER_ENV
     from cluster.job_requests import queue_job
-    from cluster.pools import DEFAULT_POOL
-    from det_tasks.searcher import make_searcher
+    from det_tasks.searcher import trials_at_once
+    from flows.job_settings import job_fields
 
     address = os.environ.get(SCHEDULER_ENV)
     if not address:
         return
     resources = cfg.resources
-    concurrency = max(1, cfg.searcher.max_concurrent_trials or 1)
     try:
-        first = len(make_searcher(cfg).start())  # the trials it would start at once
+        at_once = trials_at_once(cfg)
     except Exception:  # a searcher only its flow can build: at most its concurrency
-        first = concurrency
+        at_once = max(1, cfg.searcher.max_concurrent_trials or 1)
     job = {
-        "name": str(cfg.name),
-        "user": local_user(),
-        "pool": resources.resource_pool or DEFAULT_POOL,
+        **job_fields(cfg, str(cfg.name), at_once, local_user()),
         "priority": resources.priority,
         "weight": resources.weight,
         "max_slots": resources.max_slots,
         "slots_per_trial": resources.slots_per_trial,
-        "max_trials": max(1, min(concurrency, first)),
     }
     try:
         queue_job(address, key, {k: v for k, v in job.items() if v is not None})

@@ -33,6 +33,7 @@ __all__ = [
     "Searcher",
     "Work",
     "make_searcher",
+    "trials_at_once",
 ]
 
 MAX_INVALID_FACTOR = 10
@@ -399,3 +400,11 @@ def _plugin_searcher(config: ExperimentConfig, max_batches: int | None) -> Searc
     if not isinstance(searcher, Searcher):
         raise TypeError(f"the {name!r} searcher plugin returned {type(searcher).__name__}")
     return searcher
+
+
+def trials_at_once(config: ExperimentConfig) -> int:
+    """How many trials an experiment runs at once: its concurrency limit, or fewer when its
+    searcher cannot start that many (1 for ``single``). The flow sizes its workers by it,
+    and ``det experiment create`` queues that many trials."""
+    limit = max(1, config.searcher.max_concurrent_trials or 1)
+    return max(1, min(limit, len(make_searcher(config).start())))

@@ -89,12 +89,12 @@ def missing_package(name: str, err: ImportError) -> ConfigError:
 
 def _unknown(name: str) -> str:
     plugins = sorted(entry_names(SEARCHER_PLUGINS))
-    known = [n for n in BUILT_IN_SEARCHERS if n != "custom"] + plugins
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    built_in = [n for n in BUILT_IN_SEARCHERS if n != "custom"]  # custom is refused to run
+    close = difflib.get_close_matches(name, built_in + plugins, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return (
         f"no searcher is named {name!r}; {hint}built in: "
-        f"{', '.join(n for n in BUILT_IN_SEARCHERS if n != 'custom')}; installed plug-ins: "
+        f"{', '.join(built_in)}; installed plug-ins: "
         f"{', '.join(plugins) or 'none'} (a package adds one as a {SEARCHER_PLUGINS} "
         "entry point)"
     )

@@ -99,7 +99,7 @@ from det_tasks.config.experiment_name import experiment_name, named
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
 from det_tasks.runner.trial_setup import load_raw_config
-from det_tasks.searcher import Searcher, Work, make_searcher
+from det_tasks.searcher import Searcher, Work, make_searcher, trials_at_once
 from flows.activation_start import (
     PAUSED_FOR_S,
     activation_settled,
@@ -130,7 +130,7 @@ from registry.searcher_state import load_searcher_state
 from registry.settings import RegistrySettings
 from registry.tracking import ExperimentRuns, client_for, import_tracking_store, mlflow_link
 
-__all__ = ["experiment", "run_settings", "worker_count"]
+__all__ = ["experiment", "run_settings"]
 
 
 def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
@@ -192,13 +192,6 @@ def experiment(
         shutil.rmtree(model_path.parent, ignore_errors=True)
 
 
-def worker_count(cfg: ExperimentConfig) -> int:
-    """Workers an experiment can use at once: its concurrency limit, or fewer when its
-    searcher cannot run that many trials at once (1 for ``single``)."""
-    limit = max(1, cfg.searcher.max_concurrent_trials or 1)
-    return max(1, min(limit, len(make_searcher(cfg).start())))
-
-
 def _run_experiment(
     config_path: Path,
     model_path: Path,
@@ -230,7 +223,7 @@ def _run_experiment(
     _restore(searcher, runs)
     finished = searcher.finished()
     todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
-    limit = worker_count(cfg)
+    limit = trials_at_once(cfg)
     trial_count = _expected_trials(cfg, len({w.trial_id for w in todo} | finished))
     table = _trial_table(name, cfg, runs, settings, trial_count)
     started = time.monotonic()
@@ -493,7 +486,7 @@ def main(
     if where:
         print(where, file=sys.stderr)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-    workers = worker_count(cfg)
+    workers = trials_at_once(cfg)
     with (
         # Without a cluster named, its workers start while Prefect's server does.
         contextlib.nullcontext()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import getpass
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.fair_share import DEFAULT_PRIORITY
 from cluster.pools import DEFAULT_POOL
@@ -19,6 +19,7 @@ __all__ = [
     "USER_ENV",
     "USER_TAG_PREFIX",
     "check_pool",
+    "job_fields",
     "job_settings",
     "local_user",
     "submitting_user",
@@ -34,17 +35,26 @@ def job_settings(cfg: ExperimentConfig, name: str, concurrency: int, gpus: bool)
     worker."""
     from cluster.job_slots import JobSettings
 
-    resources = cfg.resources
+    fields = job_fields(cfg, name, concurrency, submitting_user())
     return JobSettings(
-        name=name,
-        user=submitting_user(),
-        pool=resources.resource_pool or DEFAULT_POOL,
-        priority=resources.priority if resources.priority is not None else DEFAULT_PRIORITY,
-        weight=resources.weight if resources.weight is not None else 1.0,
-        max_slots=resources.max_slots,
-        need=resources.slots_per_trial if gpus else 1,
-        max_trials=concurrency,
+        **fields,
+        priority=cfg.resources.priority if cfg.resources.priority is not None else DEFAULT_PRIORITY,
+        weight=cfg.resources.weight if cfg.resources.weight is not None else 1.0,
+        max_slots=cfg.resources.max_slots,
+        need=cfg.resources.slots_per_trial if gpus else 1,
     )
+
+
+def job_fields(cfg: ExperimentConfig, name: str, concurrency: int, user: str) -> dict[str, Any]:
+    """What the queue is told of an experiment whoever tells it (its flow, or ``det
+    experiment create`` before the flow starts): its name, user, pool and how many trials
+    it runs at once."""
+    return {
+        "name": name,
+        "user": user,
+        "pool": cfg.resources.resource_pool or DEFAULT_POOL,
+        "max_trials": concurrency,
+    }
 
 
 def submitting_user() -> str:

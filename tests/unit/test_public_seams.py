@@ -6,6 +6,7 @@ the project's packages (a package may import its own ``_private`` submodules), n
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +47,18 @@ def private_names_crossing(path: Path, root: Path = ROOT) -> list[str]:
     return found
 
 
-def test_no_private_name_crosses_modules():
-    crossing = {
+def _found_in_project(check: Callable[[Path], list[str]]) -> dict[str, list[str]]:
+    """What ``check`` finds in each of the project's Python files, by file."""
+    return {
         str(path.relative_to(ROOT)): names
         for package in PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
-        if (names := private_names_crossing(path))
+        if (names := check(path))
     }
+
+
+def test_no_private_name_crosses_modules():
+    crossing = _found_in_project(private_names_crossing)
     assert crossing == {}
 
 
@@ -119,12 +125,7 @@ def private_modules_crossing(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_no_private_module_or_attribute_crosses_packages():
-    crossing = {
-        str(path.relative_to(ROOT)): names
-        for package in PACKAGES
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if (names := private_modules_crossing(path))
-    }
+    crossing = _found_in_project(private_modules_crossing)
     assert crossing == {}
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "http_ok",
     "is_running",
     "kept_secrets",
+    "port_holder",
     "port_open",
     "start",
     "start_all",
@@ -98,6 +99,29 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
     with socket.socket() as sock:
         sock.settimeout(timeout)
         return sock.connect_ex((host, port)) == 0
+
+
+def port_holder(port: int) -> str:
+    """ " (held by pid N: its command)" for the process listening on ``port``, or "" when
+    none can be named (another user's, another network namespace's): what a refused
+    start says, so the user knows what to stop."""
+    import psutil
+
+    try:
+        listening = [
+            c
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        ]
+    except (psutil.Error, OSError):
+        return ""
+    for conn in listening:
+        try:
+            command = " ".join(" ".join(psutil.Process(conn.pid).cmdline()).split())[:200]
+        except psutil.Error:
+            continue
+        return f" (held by pid {conn.pid}: {command})"
+    return ""
 
 
 def _read_pid(service: Service) -> int | None:
@@ -270,10 +294,20 @@ def _as_user(user: str | None) -> dict[str, Any]:
     return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
 
 
+KILLED_GONE_WITHIN_S = 30.0  # a KILLed group's exit under load; it cannot refuse
+
+
 def _kill_group(leader: int) -> None:
+    """KILL the group and wait until it is gone: a service's ports are free only then. A
+    KILLed process cannot refuse, but on a loaded host one with many threads took more
+    than the 5 s once allowed here to finish exiting."""
     _signal_group(leader, signal.SIGKILL)
-    for _ in range(50):
-        if not _group_alive(leader):
+    deadline = time.monotonic() + KILLED_GONE_WITHIN_S
+    while _group_alive(leader):
+        if time.monotonic() >= deadline:
+            _logger.warning(
+                "process group %d still exiting %.0f s after SIGKILL", leader, KILLED_GONE_WITHIN_S
+            )
             return
         time.sleep(0.1)
 
@@ -311,7 +345,24 @@ def _live_member(pgid: int) -> bool:
         except OSError:  # exited meanwhile
             continue
         state, _ppid, group = text[text.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid and state != "Z":
+        if int(group) == pgid and (state != "Z" or _threads_live(stat.parent)):
+            return True
+    return False
+
+
+def _threads_live(process: Path) -> bool:
+    """Whether a process whose main thread is a zombie still has a thread running. A
+    multi-threaded server (SeaweedFS's Go parts, uvicorn) SIGKILLed under load shows "Z"
+    for its main thread while its other threads are still exiting, and they hold its
+    open files, listening sockets included, until the last one is gone: a stop that
+    took "Z" for gone returned with the service's ports still taken, and the next
+    start was refused (CI, stop 55)."""
+    for task in process.glob("task/[0-9]*/stat"):
+        try:
+            text = task.read_text()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X"):
             return True
     return False
 

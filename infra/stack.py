@@ -29,6 +29,7 @@ from infra.services import (
     http_ok,
     is_running,
     kept_secrets,
+    port_holder,
     start,
     start_all,
     state_lines,
@@ -179,8 +180,9 @@ def _check_ports_free(service: Service, ports: list[int], host: str = "127.0.0.1
         with socket.socket() as sock:
             if sock.connect_ex((host, port)) == 0:
                 raise ServiceError(
-                    f"port {port} (for {service.name}) is already in use on {host}; stop "
-                    "what holds it or choose other ports (DET_TASKS_S3_PORT, "
+                    f"port {port} (for {service.name}) is already in use on {host}"
+                    f"{port_holder(port)}; stop what holds it or choose other ports "
+                    "(DET_TASKS_S3_PORT, "
                     "DET_TASKS_MLFLOW_PORT, DET_TASKS_PREFECT_PORT, DET_TASKS_DASK_PORT, "
                     "DET_TASKS_SEAWEED_*_PORT)"
                 )

@@ -233,3 +233,66 @@ def test_a_group_whose_leader_died_is_still_stopped(tmp_path: Path) -> None:
     while _alive(child):  # an orphan: init reaps it
         assert time.monotonic() < deadline, "the leaderless group's member was not stopped"
         time.sleep(0.05)
+
+
+# A server whose main thread has exited ("Z" in /proc) while another thread still runs and
+# holds its listening socket: what a multi-threaded server SIGKILLed on a loaded host looks
+# like for a moment. Its helper thread lets go of the port after HOLD_S.
+_THREAD_HOLDS_THE_PORT = """
+import ctypes, signal, socket, sys, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+open(sys.argv[1], "w").write(str(server.getsockname()[1]))
+threading.Thread(target=time.sleep, args=(float(sys.argv[2]),)).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_stop_returns_only_once_the_last_thread_let_go_of_its_port(tmp_path: Path) -> None:
+    """CI of stop 55: ``make down`` returned while SeaweedFS still held a port (its main
+    thread a zombie, its other threads exiting), and the ``make up`` right after it was
+    refused. A group is stopped once no thread of it runs, not once main threads are
+    zombies."""
+    from infra.services import port_holder, port_open
+
+    script = tmp_path / "server.py"
+    script.write_text(_THREAD_HOLDS_THE_PORT)
+    port_file = tmp_path / "port"
+    service = Service(
+        "threads",
+        [sys.executable, str(script), str(port_file), "3"],
+        lambda: True,
+        tmp_path,
+        stop_timeout_s=20,
+    )
+    assert start_all([service]) == [True]
+    deadline = time.monotonic() + 10
+    while not port_file.exists() or not port_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    port = int(port_file.read_text())
+    time.sleep(0.3)  # the main thread has exited: a zombie leader, the port still held
+    assert port_open(port)
+    started = time.monotonic()
+    assert stop(service) is True
+    assert not port_open(port), f"stop returned with port {port} still taken{port_holder(port)}"
+    assert time.monotonic() - started < 15  # the thread's own end, not the KILL deadline
+
+
+def test_a_refused_start_names_what_holds_the_port(tmp_path: Path) -> None:
+    import socket
+
+    from infra.services import port_holder
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert (
+            port_holder(port)
+            == f" (held by pid {os.getpid()}: "
+            + " ".join(" ".join(__import__("psutil").Process().cmdline()).split())[:200]
+            + ")"
+        )

@@ -50,6 +50,7 @@ __all__ = [
     "main",
     "seaweed_service",
     "service_states",
+    "stack_services",
     "up",
 ]
 
@@ -427,9 +428,8 @@ def down(config: StackConfig | None = None) -> None:
         stop(postgres.postgres_service(config.root, config.postgres_port))
 
 
-def service_states(config: StackConfig) -> list[tuple[Service, str]]:
-    """Each of the stack's services with "up" (its process runs and its health check
-    passes) or "down": what ``status`` prints."""
+def stack_services(config: StackConfig) -> list[Service]:
+    """Every service of the stack, in the order ``status`` lists them."""
     services = [
         seaweed_service(config),
         mlflow_service(config),
@@ -439,7 +439,13 @@ def service_states(config: StackConfig) -> list[tuple[Service, str]]:
     ]
     if config.postgres_port:
         services.insert(0, postgres.postgres_service(config.root, config.postgres_port))
-    return up_or_down(services)
+    return services
+
+
+def service_states(config: StackConfig) -> list[tuple[Service, str]]:
+    """Each of the stack's services with "up" (its process runs and its health check
+    passes) or "down": what ``status`` prints."""
+    return up_or_down(stack_services(config))
 
 
 def main(argv: list[str] | None = None) -> int:

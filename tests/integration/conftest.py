@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from infra.stack import StackConfig, down, mlflow_service, up
+from infra.services import is_running
+from infra.stack import StackConfig, down, mlflow_service, stack_services, up
 from tests.integration.helpers import environment, isolated_stack_config
 
 
@@ -38,6 +39,27 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
                 down(config)
     finally:
         _reload_prefect_settings()  # with the session's own environment back
+
+
+@pytest.fixture(autouse=True)
+def _session_stack_whole(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The session's stack is every later test's: a test that leaves a service of it
+    stopped has failed on its own, and the next one starts it again rather than every
+    later test failing on a refused connection after MLflow's retries (CI of stop 55: one
+    stack left down cost 28 tests and 50 minutes). A start that fails fails the test at
+    once, naming the services."""
+    if "stack" in request.fixturenames:
+        config: StackConfig = request.getfixturevalue("stack")
+        down_now = [s.name for s in stack_services(config) if not is_running(s)]
+        if down_now:
+            try:
+                up(config)
+            except Exception as error:  # reported as this test's failure
+                pytest.fail(
+                    f"the session's stack was left with {', '.join(down_now)} stopped and "
+                    f"could not be started again: {error}"
+                )
+    yield
 
 
 def _reload_prefect_settings() -> None:

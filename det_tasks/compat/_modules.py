@@ -6,9 +6,8 @@ import importlib.machinery
 import types
 from typing import Any
 
-from det_tasks import cluster_info, pytorch, run_services
+from det_tasks import cluster_info, core, pytorch, run_services
 from det_tasks.compat import _names
-from det_tasks.distributed import DistributedContext
 from det_tasks.errors import InvalidHP
 from det_tasks.pytorch import Batch, Epoch, experimental, samplers
 
@@ -31,14 +30,6 @@ class TorchWriter:
         self.writer = SummaryWriter(log_dir=log_dir)
 
 
-def _core_init(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError(
-        "determined.core.init() (the Core API) is not supported by det_tasks: write the "
-        "training as a PyTorchTrial and run it with det.pytorch.init() + Trainer, or "
-        "`det-tasks run CONFIG`"
-    )
-
-
 def build() -> dict[str, types.ModuleType]:
     det_pytorch = _module(
         "determined.pytorch",
@@ -55,9 +46,7 @@ def build() -> dict[str, types.ModuleType]:
         experimental.__doc__ or "",
         **{name: getattr(experimental, name) for name in experimental.__all__},
     )
-    core = _module(
-        "determined.core", "Core API subset", DistributedContext=DistributedContext, init=_core_init
-    )
+    det_core = _public("determined.core", core)
     writers_pytorch = _module(
         "determined.tensorboard.metric_writers.pytorch", "", TorchWriter=TorchWriter
     )
@@ -68,7 +57,7 @@ def build() -> dict[str, types.ModuleType]:
         "determined",
         "det_tasks' implementation of the determined package API",
         pytorch=det_pytorch,
-        core=core,
+        core=det_core,
         tensorboard=tensorboard,
         errors=errors,
         TrialContext=pytorch.PyTorchTrialContext,
@@ -84,7 +73,7 @@ def build() -> dict[str, types.ModuleType]:
         __version__="0.38.1+det_tasks",
         **{name: _names.unsupported(name) for name in _names.UNSUPPORTED},
     )
-    for module in (det, det_pytorch):
+    for module in (det, det_pytorch, det_core):
         served = [n for n in vars(module) if not n.startswith("_")]
         module.__dict__["__getattr__"] = _names.missing_attribute(module.__name__, served)
     return {
@@ -93,11 +82,16 @@ def build() -> dict[str, types.ModuleType]:
         "determined.pytorch": det_pytorch,
         "determined.pytorch.samplers": det_pytorch.samplers,  # type: ignore[attr-defined]
         "determined.pytorch.experimental": det_pytorch.experimental,  # type: ignore[attr-defined]
-        "determined.core": core,
+        "determined.core": det_core,
         "determined.tensorboard": tensorboard,
         "determined.tensorboard.metric_writers": writers,
         "determined.tensorboard.metric_writers.pytorch": writers_pytorch,
     }
+
+
+def _public(name: str, package: types.ModuleType) -> types.ModuleType:
+    """``package``'s public names (its ``__all__``) as the alias module ``name``."""
+    return _module(name, package.__doc__ or "", **{n: getattr(package, n) for n in package.__all__})
 
 
 def _module(name: str, doc: str, **attrs: Any) -> types.ModuleType:

@@ -48,6 +48,18 @@ _SUBPACKAGES = {
     "(torch.distributed or Horovod data parallelism via resources.slots_per_trial)",
     "determined.pytorch.dsat": "DeepSpeed autotuning is not supported",
     "determined.pytorch.lightning": "the Lightning adapter is not supported: write a PyTorchTrial",
+    "determined.core.ProfilerContext": "the Core API profiler is not supported: the config's "
+    "profiling section profiles a PyTorchTrial; time a script's steps yourself",
+    "determined.core.ExperimentalCoreContext": "Determined's experimental Core API parts are "
+    "not supported: report metrics with core_context.train",
+    "determined.core.DummyTrainContext": "core.init() off the platform gives the local "
+    "(dummy) parts itself: use core.init()",
+    "determined.core.DummyCheckpointContext": "core.init() off the platform gives the local "
+    "(dummy) parts itself: use core.init()",
+    "determined.core.DummyPreemptContext": "core.init() off the platform gives the local "
+    "(dummy) parts itself: use core.init()",
+    "determined.core.DummySearcherContext": "core.init() off the platform gives the local "
+    "(dummy) parts itself: use core.init()",
 }
 
 

@@ -16,7 +16,7 @@ from det_tasks.checkpoints.references import scheme_of
 from det_tasks.checkpoints.retention import collect_garbage
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config import ExperimentConfig
-from det_tasks.errors import ConfigError, DetTasksError, TrialError
+from det_tasks.errors import ConfigError, DetTasksError, InvalidHP, TrialError
 from det_tasks.pytorch import Batch, Epoch, Trainer, TrainUnit, init
 from det_tasks.runner import worker_group
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
@@ -294,17 +294,14 @@ def _run_script(
         searcher_length=_length_dict(max_length),
         test_mode=test_mode,
     )
-    sink, store = run.sink, run.store
-    memory = next(s for s in getattr(sink, "sinks", [sink]) if isinstance(s, InMemoryMetricsSink))
+    memory = next(
+        s for s in getattr(run.sink, "sinks", [run.sink]) if isinstance(s, InMemoryMetricsSink)
+    )
+    services = _script_services(run, info)
     old_argv = sys.argv
     sys.argv = [str(path), *args]
     try:
-        outer = run_services.current_services()
-        tensorboard = outer.tensorboard_dir if outer else None
-        with (
-            cluster_info.launched(info),
-            run_services.provide(run_services.RunServices(sink, store, tensorboard)),
-        ):
+        with cluster_info.launched(info), run_services.provide(services):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit_:
@@ -315,7 +312,47 @@ def _run_script(
     steps = memory.checkpoints[-1].steps_completed if memory.checkpoints else 0
     uuid = memory.checkpoints[-1].uuid if memory.checkpoints else None
     validation = memory.validation[-1][1] if memory.validation else None
+    if services.control.claimed:  # a Core API script: it answered stop requests itself
+        _settle_core_script(run, services, max_length)
+        if run.stop_signals is not None:
+            run.stop_signals.raise_if_stopped(steps, run.store.uri(uuid) if uuid else None)
     return steps, uuid, validation
+
+
+def _script_services(run: _RunInputs, info: cluster_info.ClusterInfo) -> run_services.RunServices:
+    """The script's one services object: the run's sink and store, the platform's TensorBoard
+    folder and page, the searcher's length, and a control whose stop requests reach a Core
+    API script (once ``core.init()`` claims it, SIGTERM/SIGHUP stop it at its own boundary)."""
+    outer = run_services.current_services()
+    signals = run.stop_signals
+    return run_services.RunServices(
+        metrics_sink=run.sink,
+        checkpoint_store=run.store,
+        tensorboard_dir=outer.tensorboard_dir if outer else None,
+        run_url=outer.run_url if outer else None,
+        control=run_services.TrialControl(on_claim=signals.watch if signals else None),
+        searcher_length=info.searcher_length,
+        cluster_info=info,
+    )
+
+
+def _settle_core_script(
+    run: _RunInputs, services: run_services.RunServices, max_length: TrainUnit | None
+) -> None:
+    """After a Core API script returned: an invalid-hyperparameter exit goes to the
+    searcher; otherwise tell the platform how far it got of its length (a script that
+    returns without a stop request and without a length in batches has finished)."""
+    control = services.control
+    if control.early_exit == "EXITED_REASON_INVALID_HP":
+        raise InvalidHP("the script reported an early exit: invalid hyperparameters")
+    trained = control.steps_completed
+    stopped = control.stop.is_set() or control.acknowledged
+    value = max_length.value if isinstance(max_length, Batch) else None
+    batches = value if isinstance(value, int) else None
+    length = batches if batches is not None or stopped else trained
+    services.record_position(
+        trained, length, control.early_exit == "EXITED_REASON_USER_REQUESTED_STOP"
+    )
 
 
 def _length_dict(length: TrainUnit | None) -> dict[str, int] | None:

@@ -103,14 +103,14 @@ def cmd_model_register_version(args: argparse.Namespace) -> int:
 
 
 def cmd_model_list(args: argparse.Namespace) -> int:
-    from registry.cli import print_models, tracking_client_from_env
+    from registry.cli import print_models, tracking_reader_from_env
 
-    print_models(tracking_client_from_env())
+    print_models(tracking_reader_from_env())  # MLflow's REST API: no MLflow import
     return 0
 
 
 def cmd_model_describe(args: argparse.Namespace) -> int:
-    from registry.cli import print_models, tracking_client_from_env
+    from registry.cli import print_models, tracking_reader_from_env
 
-    print_models(tracking_client_from_env(), args.name)
+    print_models(tracking_reader_from_env(), args.name)
     return 0

@@ -117,8 +117,9 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
     from det_cli.config_file import load_config
     from det_tasks.config.experiment_name import named
     from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
+    from registry.experiment_setup import ensure_experiment, mlflow_link
+    from registry.mlflow_rest import writer_for
     from registry.settings import RegistrySettings
-    from registry.tracking import client_for, ensure_experiment, mlflow_link
 
     raw, cfg = load_config(args.config, args.param)  # refused here, before any upload
     # Named once, here: the flow and its workers read the name from the overrides sent
@@ -143,8 +144,8 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
     print(f"  Prefect flow run: {_ui_url(flow_run.id)}")
     settings = RegistrySettings.from_env()
     if settings.tracking_uri:
-        exp_id = ensure_experiment(
-            client_for(settings.tracking_uri), str(cfg.name), cfg.description
+        exp_id = ensure_experiment(  # over MLflow's REST API where it serves
+            writer_for(settings.tracking_uri), str(cfg.name), cfg.description
         )
         print(f"  MLflow experiment: {mlflow_link(settings.tracking_uri, exp_id)}")
     return print_logs(flow_run.id) if args.follow else 0

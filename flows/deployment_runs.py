@@ -1,6 +1,7 @@
-"""What the ``det`` command asks of Prefect's client library: start a deployment run, delete
-a run, and re-read the settings once the command has chosen its master. (Reading runs, their
-states and their logs goes through ``flows.prefect_rest``: quicker.)"""
+"""What the ``det`` command asks of Prefect: start a deployment run, delete a run, and
+re-read the settings once the command has chosen its master. Starting a run and reading
+runs, their states and their logs go through ``flows.prefect_rest`` (Prefect's REST API, no
+Prefect import: about 1.3 s less per command); deleting one through Prefect's client."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ __all__ = [
 def start_deployment_run(
     deployment: str, parameters: dict[str, Any], tags: list[str] | None = None
 ) -> Any:
-    """A new flow run of ``deployment`` (Prefect's FlowRun), not waited for."""
-    from prefect.deployments import run_deployment
+    """A new flow run of ``deployment`` (flows.prefect_rest.FlowRun: its ``id``), not waited
+    for, as Prefect's ``run_deployment(..., timeout=0)`` starts one."""
+    from flows.prefect_rest import PrefectError, create_deployment_run
 
     try:
-        return run_deployment(deployment, parameters=parameters, timeout=0, tags=tags)
-    except Exception as err:  # prefect raises several types for a missing deployment / server
+        return create_deployment_run(deployment, parameters, tags)
+    except PrefectError as err:  # a missing deployment (404), a server down or refusing
         raise DetTasksError(
             f"could not start deployment {deployment!r} ({type(err).__name__}: {err}); is the "
             "Prefect server up and are the deployments registered (`make up` registers them)?"

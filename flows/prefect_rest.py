@@ -29,6 +29,7 @@ __all__ = [
     "FlowRun",
     "PrefectError",
     "api_url",
+    "create_deployment_run",
     "experiment_runs",
     "experiment_state",
     "read_flow_run",
@@ -198,6 +199,35 @@ def _retries() -> Retries:
 def read_flow_run(flow_run_id: uuid.UUID | str) -> FlowRun:
     """The flow run; ``PrefectError`` with status 404 when there is none."""
     return FlowRun.from_json(_request("GET", f"/flow_runs/{flow_run_id}"))
+
+
+def create_deployment_run(
+    deployment: str, parameters: dict[str, Any], tags: list[str] | None = None
+) -> FlowRun:
+    """A new flow run of ``deployment`` (``FLOW/NAME``), Scheduled for now, not waited for:
+    the two requests of Prefect's ``run_deployment(..., timeout=0)`` outside a flow."""
+    import urllib.parse
+
+    flow_name, slash, name = deployment.partition("/")
+    if not slash or not flow_name or not name:
+        raise PrefectError(f"deployment {deployment!r}: give it as FLOW/NAME")
+    quoted = "/".join(urllib.parse.quote(part, safe="") for part in (flow_name, name))
+    found = _request("GET", f"/deployments/name/{quoted}")
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    body = {
+        "parameters": parameters,
+        "context": {},
+        "state": {
+            "type": "SCHEDULED",
+            "name": "Scheduled",
+            "message": None,
+            "data": None,
+            "state_details": {"scheduled_time": now},
+        },
+        "tags": list(tags or []),
+        "labels": {},
+    }
+    return FlowRun.from_json(_request("POST", f"/deployments/{found['id']}/create_flow_run", body))
 
 
 def experiment_runs(limit: int) -> list[FlowRun]:

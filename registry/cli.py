@@ -258,18 +258,21 @@ def cmd_alias(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    print_models(tracking_client_from_env())
+    print_models(tracking_reader_from_env())
     return 0
 
 
 def print_models(client: Any, name: str | None = None) -> None:
-    """Registered models (or the one named), their versions, aliases and sources."""
-    from mlflow.exceptions import MlflowException
-
+    """Registered models (or the one named), their versions, aliases and sources, read
+    through ``client``: MLflow's, or its REST reader (tracking_reader_from_env)."""
     if name is not None:
         try:
             models = [client.get_registered_model(name)]
-        except MlflowException:
+        except Exception as err:
+            from registry.mlflow_errors import refused_by_mlflow
+
+            if not refused_by_mlflow(err):
+                raise
             raise DetTasksError(
                 f"no registered model named {name!r} (`det model list` lists them)"
             ) from None

@@ -1,13 +1,14 @@
 """MLflow's tracking server, read over its REST API with the standard library.
 
 Importing MLflow's client costs a command 1-4 s before its first request; what ``det``'s
-listings read (experiments, runs with their tags and latest metrics, metric histories) is a
-handful of small JSON requests. ``MlflowReader`` answers the read calls of
-``MlflowClient`` they use, with the same names and the fields read from its results, so the
-views (registry.experiment_view) take either. ``reader_for`` gives it for a plain
-``http(s)://`` server whose credentials are a user and password, a token, or none (with
-MLflow's TLS settings), and MLflow's own client for anything else (a database URI, AWS
-SigV4, an auth plugin, Databricks, workspaces).
+listings read (experiments, runs with their tags and latest metrics, metric histories,
+registered models and their versions) is a handful of small JSON requests.
+``MlflowReader`` answers the read calls of ``MlflowClient`` they use, with the same names
+and the fields read from its results, so the views (registry.experiment_view) take either.
+``reader_for`` gives it for a plain ``http(s)://`` server whose credentials are a user and
+password, a token, or none (with MLflow's TLS settings), and MLflow's own client for
+anything else (a database URI, AWS SigV4, an auth plugin, Databricks, workspaces, a model
+registry elsewhere).
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ import ssl
 import urllib.parse
 from typing import Any
 
-from det_tasks.errors import DetTasksError
 from registry.json_http import HttpRefused, Retries, Unreachable, request_json
+from registry.mlflow_errors import MlflowReaderError
 
 __all__ = [
     "Experiment",
     "Metric",
     "MlflowReader",
     "MlflowReaderError",
+    "MlflowRestClient",
+    "ModelVersion",
+    "RegisteredModel",
     "Run",
     "RunData",
     "RunInfo",
     "reader_for",
+    "writer_for",
 ]
 
 TIMEOUT_S = 30.0
 MAX_RESULTS = 1000  # MlflowClient.search_runs' and search_experiments' default page
 HISTORY_PAGE = 25_000
+REGISTRY_PAGE = 1000  # registered models per page (the server's most)
+VERSIONS_PAGE = 10_000  # MlflowClient.search_model_versions' default page
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})  # as MLflow's client retries
 # Settings only MLflow's own client honours: with any of them set, it is used.
 CLIENT_ONLY_SETTINGS = (
@@ -48,19 +55,21 @@ CLIENT_ONLY_SETTINGS = (
 )
 
 
-class MlflowReaderError(DetTasksError):
-    """The MLflow server answered with an error (``error_code``: MLflow's, e.g.
-    RESOURCE_DOES_NOT_EXIST), or could not be reached (``error_code`` None)."""
-
-    def __init__(self, message: str, error_code: str | None = None) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-
-
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     experiment_id: str
     name: str
+    lifecycle_stage: str = "active"
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Experiment:
+        return cls(
+            str(data["experiment_id"]),
+            str(data["name"]),
+            str(data.get("lifecycle_stage") or "active"),
+            {t["key"]: str(t.get("value", "")) for t in data.get("tags") or []},
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +130,25 @@ class Metric:
     timestamp: int
 
 
+@dataclasses.dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    aliases: dict[str, str]  # alias -> version, as MlflowClient's RegisteredModel.aliases
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RegisteredModel:
+        aliases = {str(a["alias"]): str(a["version"]) for a in data.get("aliases") or []}
+        return cls(str(data["name"]), aliases)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelVersion:
+    name: str
+    version: str
+    source: str
+    run_id: str
+
+
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -156,12 +184,20 @@ class MlflowReader:
     def search_experiments(self, max_results: int = MAX_RESULTS) -> list[Experiment]:
         body = {"max_results": max_results, "view_type": "ACTIVE_ONLY"}
         found = self._call("POST", "experiments/search", body).get("experiments") or []
-        return [Experiment(str(e["experiment_id"]), str(e["name"])) for e in found]
+        return [Experiment.from_json(e) for e in found]
 
     def get_experiment(self, experiment_id: str) -> Experiment:
         found = self._call("GET", "experiments/get", {"experiment_id": experiment_id})
-        e = found["experiment"]
-        return Experiment(str(e["experiment_id"]), str(e["name"]))
+        return Experiment.from_json(found["experiment"])
+
+    def get_experiment_by_name(self, name: str) -> Experiment | None:
+        try:
+            found = self._call("GET", "experiments/get-by-name", {"experiment_name": name})
+        except MlflowReaderError as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        return Experiment.from_json(found["experiment"])
 
     def search_runs(
         self,
@@ -207,6 +243,45 @@ class MlflowReader:
             if not token:
                 return points
 
+    # ---- the model registry (MLFLOW_REGISTRY_URI unset: the tracking server's) ------
+    def search_registered_models(self) -> list[RegisteredModel]:
+        """Every registered model (each page; MlflowClient's call returns the first)."""
+        found = self._pages("registered-models/search", "registered_models", {}, REGISTRY_PAGE)
+        return [RegisteredModel.from_json(m) for m in found]
+
+    def get_registered_model(self, name: str) -> RegisteredModel:
+        found = self._call("GET", "registered-models/get", {"name": name})
+        return RegisteredModel.from_json(found["registered_model"])
+
+    def search_model_versions(self, filter_string: str) -> list[ModelVersion]:
+        query = {"filter": filter_string}
+        found = self._pages("model-versions/search", "model_versions", query, VERSIONS_PAGE)
+        return [
+            ModelVersion(
+                str(v["name"]),
+                str(v["version"]),
+                str(v.get("source") or ""),
+                str(v.get("run_id") or ""),
+            )
+            for v in found
+        ]
+
+    def _pages(
+        self, endpoint: str, key: str, query: dict[str, str], size: int
+    ) -> list[dict[str, Any]]:
+        """The ``key`` items of every page a GET search returns."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            asked = {**query, "max_results": str(size)}
+            if token:
+                asked["page_token"] = token
+            page = self._call("GET", endpoint, asked)
+            items += page.get(key) or []
+            token = page.get("next_page_token")
+            if not token:
+                return items
+
     # ---- the wire -------------------------------------------------------------------
     def _call(self, method: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.host}/api/2.0/mlflow/{endpoint}"
@@ -227,6 +302,30 @@ class MlflowReader:
         return dict(answer or {})
 
 
+class MlflowRestClient(MlflowReader):
+    """The reader, and the few writes that make an experiment (registry.experiment_setup):
+    MlflowClient's names and arguments."""
+
+    def create_experiment(
+        self, name: str, artifact_location: str | None = None, tags: dict[str, str] | None = None
+    ) -> str:
+        body: dict[str, Any] = {"name": name, "tags": _key_values(tags or {})}
+        if artifact_location:
+            body["artifact_location"] = artifact_location
+        return str(self._call("POST", "experiments/create", body)["experiment_id"])
+
+    def restore_experiment(self, experiment_id: str) -> None:
+        self._call("POST", "experiments/restore", {"experiment_id": experiment_id})
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        body = {"experiment_id": experiment_id, "key": key, "value": value}
+        self._call("POST", "experiments/set-experiment-tag", body)
+
+
+def _key_values(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"key": k, "value": str(v)} for k, v in tags.items()]
+
+
 def _refused(err: HttpRefused, endpoint: str) -> MlflowReaderError:
     try:
         answer = json.loads(err.text)
@@ -239,11 +338,29 @@ def _refused(err: HttpRefused, endpoint: str) -> MlflowReaderError:
     return MlflowReaderError(f"MLflow {endpoint}: HTTP {err.status} {message}", code)
 
 
-def reader_for(tracking_uri: str) -> Any:
-    """``MlflowReader`` for a plain HTTP(S) tracking server, else ``MlflowClient``."""
+def _rest_serves(tracking_uri: str) -> bool:
+    """Whether REST calls can stand in for MLflow's client here: a plain HTTP(S) server,
+    no client-only setting, the model registry on the same server."""
     plain = tracking_uri.startswith(("http://", "https://"))
-    if plain and not any(os.environ.get(name) for name in CLIENT_ONLY_SETTINGS):
+    registry = os.environ.get("MLFLOW_REGISTRY_URI") or ""
+    elsewhere = bool(registry) and registry.rstrip("/") != tracking_uri.rstrip("/")
+    return plain and not elsewhere and not any(os.environ.get(n) for n in CLIENT_ONLY_SETTINGS)
+
+
+def reader_for(tracking_uri: str) -> Any:
+    """``MlflowReader`` for a plain HTTP(S) tracking server, else ``MlflowClient`` (also
+    when the model registry is elsewhere: MLFLOW_REGISTRY_URI)."""
+    if _rest_serves(tracking_uri):
         return MlflowReader(tracking_uri)
+    from registry.tracking import client_for
+
+    return client_for(tracking_uri)
+
+
+def writer_for(tracking_uri: str) -> Any:
+    """``MlflowRestClient`` where ``reader_for`` reads over REST, else ``MlflowClient``."""
+    if _rest_serves(tracking_uri):
+        return MlflowRestClient(tracking_uri)
     from registry.tracking import client_for
 
     return client_for(tracking_uri)

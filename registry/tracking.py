@@ -19,15 +19,19 @@ from mlflow.store.db.db_types import DATABASE_ENGINES
 from mlflow.tracking import MlflowClient
 
 from det_tasks.config.hyperparameters import flatten_hparams
-from det_tasks.errors import ConfigError
-from det_tasks.folder_names import folder_name, folder_under
-from registry.containment import key_within, normalised_key
+from registry.experiment_setup import (  # re-exported: their home until issue 53
+    DESCRIPTION_TAG,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    ensure_experiment,
+    experiment_artifact_location,
+    mlflow_link,
+    report_link,
+)
 from registry.large_tags import large_tag, load_large_tag
-from registry.settings import RegistrySettings
 from registry.shared_database import create_once
 from registry.trial_states import COMPLETED, QUEUED, Progress, honest_end, run_status
 from registry.trials_view import (
-    TRIALS_VIEW_KEY,
     TRIALS_VIEW_TAG,
     searched_hparams,
     trials_view_tag,
@@ -35,8 +39,10 @@ from registry.trials_view import (
 
 __all__ = [
     "CONFIG_TAG",
+    "DESCRIPTION_TAG",
     "END_REASON_TAG",
     "ERROR_TAG",
+    "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
     "EXPERIMENT_RUN_TAG",
     "HEARTBEAT_TAG",
@@ -69,18 +75,9 @@ ERROR_TAG = "det.error"
 END_REASON_TAG = "det.end_reason"
 HEARTBEAT_TAG = "det.heartbeat"
 PARENT_TAG = "mlflow.parentRunId"
-# Ours are model-training experiments, whose page is the runs table. MLflow UIs before the
-# GenAI / "Model training" switch chose an experiment's pages by this tag; 3.17.2's ignores
-# it and follows the switch (the URL's ``workflowType``, else the browser's choice, else
-# GenAI): docs/concepts/tracking.md says what a user clicks.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the MLflow UI
 # The experiment run's config as JSON, whole at any size (registry.large_tags); GC reads
 # its checkpoint policy back.
 CONFIG_TAG = "det.config"
-# MLflow 3's MAX_EXPERIMENT_TAG_VAL_LENGTH: a longer description is refused, not cut.
-_EXPERIMENT_TAG_LIMIT = 20_000
 
 
 def client_for(tracking_uri: str) -> MlflowClient:
@@ -189,7 +186,7 @@ class ExperimentRuns:
     ) -> None:
         self.client = client
         description = raw_config.get("description")
-        self.experiment_id = _experiment(
+        self.experiment_id = ensure_experiment(
             client, experiment_name, str(description) if description else None
         )
         self.raw_config = raw_config
@@ -326,111 +323,6 @@ def experiment_config(tags: dict[str, str]) -> dict[str, Any]:
     text = load_large_tag(tags, CONFIG_TAG)
     config = json.loads(text) if text else {}
     return config if isinstance(config, dict) else {}
-
-
-def ensure_experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
-    """The id of MLflow experiment ``name``, created (or restored) if needed, tagged as a
-    model-training experiment and carrying ``description``."""
-    return _experiment(client, name, description)
-
-
-def mlflow_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """The MLflow UI page of an experiment's trials (or of one run); for a local store,
-    that page in the command that serves one.
-
-    ``workflowType=machine_learning`` matters: a browser that never chose MLflow 3.17's
-    "Model training" workspace opens even a tagged experiment's bare link in the GenAI
-    Overview (seen in headless Chromium); the parameter selects the "Model training" one.
-    The experiment's link opens its saved view (``viewStateShareKey``): every trial, best
-    first, with the searcher metric and hyperparameters as columns.
-    """
-    if run_id:
-        page = f"experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-    else:
-        page = (
-            f"experiments/{experiment_id}/runs?viewStateShareKey={TRIALS_VIEW_KEY}"
-            "&workflowType=machine_learning"
-        )
-    return _ui_page(tracking_uri, page)
-
-
-def report_link(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str:
-    """An artifact in MLflow's artifact viewer (an HTML page renders there; the plain
-    artifact URL would download it)."""
-    page = f"experiments/{experiment_id}/runs/{run_id}/artifacts/{path}"
-    return _ui_page(tracking_uri, page + "?workflowType=machine_learning")
-
-
-def _ui_page(tracking_uri: str, page: str) -> str:
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/{page}"
-    return f"#/{page} in `mlflow ui --backend-store-uri {tracking_uri}`"
-
-
-def _experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
-    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-    default_view = {
-        TRIALS_VIEW_TAG: trials_view_tag(None, True, [], set(), int(time.time() * 1000))
-    }
-    if description:
-        tags[DESCRIPTION_TAG] = _shown_description(description)
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            client.restore_experiment(found.experiment_id)
-        _tag_experiment(client, found, tags)
-        if TRIALS_VIEW_TAG not in found.tags:  # the link opens it: it must exist
-            _tag_experiment(client, found, default_view)
-        return str(found.experiment_id)
-    root = RegistrySettings.from_env().artifact_root
-    location = experiment_artifact_location(root, name) if root else None
-    try:
-        return str(
-            client.create_experiment(
-                name, artifact_location=location, tags={**tags, **default_view}
-            )
-        )
-    except MlflowException:  # created concurrently by another trial
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        _tag_experiment(client, found, tags)
-        return str(found.experiment_id)
-
-
-def experiment_artifact_location(root: str, name: str) -> str:
-    """Where a new experiment ``name`` keeps its artifacts under ``root`` (a folder, or an
-    ``s3://bucket/prefix``): one folder named by ``det_tasks.folder_names`` (the name's
-    safe characters and a hash), so no name reaches outside ``root``."""
-    if root.startswith("s3://"):
-        prefix = root.rstrip("/")
-        location = f"{prefix}/{folder_name(name)}"
-        bucket_and_key = location[len("s3://") :]
-        bucket_and_prefix = prefix[len("s3://") :]
-        if not key_within(normalised_key(bucket_and_key), normalised_key(bucket_and_prefix)):
-            raise ConfigError(f"experiment {name!r}: {location} is outside {root}")
-        return location
-    if "://" in root:
-        raise ConfigError(
-            f"DET_TASKS_ARTIFACT_ROOT={root!r}: give a folder or an s3://bucket/prefix"
-        )
-    return folder_under(root, name).as_uri()
-
-
-def _shown_description(description: str) -> str:
-    """The description MLflow's UI shows (an experiment tag holds at most 20,000
-    characters; the whole text stays in each run's config)."""
-    if len(description) <= _EXPERIMENT_TAG_LIMIT:
-        return description
-    cut = " ... (cut here: the whole description is in the runs' det.config tag)"
-    return description[: _EXPERIMENT_TAG_LIMIT - len(cut)] + cut
-
-
-def _tag_experiment(client: MlflowClient, experiment: Any, tags: dict[str, str]) -> None:
-    """Experiments made before the tags existed (or by hand) get them on next use."""
-    for key, value in tags.items():
-        if experiment.tags.get(key) != value:
-            client.set_experiment_tag(experiment.experiment_id, key, value)
 
 
 def retry_mlflow(fn: Any, attempts: int = 5) -> Any:

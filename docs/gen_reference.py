@@ -346,19 +346,9 @@ def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
     yield "Top level", "top-level", exp.ExperimentConfig, ""
     yield "searcher", "searcher", exp.SearcherConfig, "searcher."
     yield "length", "length", exp.Length, "length."
-    yield (
-        "checkpoint_storage: shared_fs",
-        "checkpoint_storage",
-        exp.SharedFSStorage,
-        ("checkpoint_storage.shared_fs."),
-    )
-    yield (
-        "checkpoint_storage: directory",
-        "storage-directory",
-        exp.DirectoryStorage,
-        ("checkpoint_storage.directory."),
-    )
-    yield "checkpoint_storage: s3", "storage-s3", exp.S3Storage, "checkpoint_storage.s3."
+    for i, (kind, options) in enumerate(_storage_options()):
+        anchor = "checkpoint_storage" if i == 0 else f"storage-{kind}"
+        yield f"checkpoint_storage: {kind}", anchor, options, f"checkpoint_storage.{kind}."
     yield "optimizations", "optimizations", exp.OptimizationsConfig, "optimizations."
     yield "resources", "resources", exp.ResourcesConfig, "resources."
     yield "reproducibility", "reproducibility", exp.ReproducibilityConfig, "reproducibility."
@@ -374,6 +364,14 @@ def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
     ):
         yield f"hyperparameters: {name}", f"hp-{name}", model, f"hp.{name}."
     yield "Job config (`det job run`)", "job-config", JobConfig, "job."
+
+
+def _storage_options() -> list[tuple[str, type[BaseModel]]]:
+    """Each installed checkpoint storage type and its model (det_tasks.checkpoints.backends)."""
+    from det_tasks.checkpoints.backends import STORAGE_BACKENDS, find_backend
+    from det_tasks.plugins import entry_names
+
+    return [(kind, find_backend(kind).options) for kind in entry_names(STORAGE_BACKENDS)]
 
 
 def _plugin_options() -> list[tuple[str, type[BaseModel]]]:
@@ -425,6 +423,8 @@ def _type_name(annotation: Any) -> str:
     if annotation is typing.Any:
         return "any"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation.__name__ == "StorageOptions":  # validated by its type's own model
+            return "mapping by `type`: " + ", ".join(f"`{k}`" for k, _ in _storage_options())
         if annotation.__name__ == "Length":
             return "[length](#length)"
         return "mapping"

@@ -6,10 +6,23 @@ Every model forbids unknown keys, so a typo fails before training with the field
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    field_validator,
+    model_validator,
+)
 
+from det_tasks.checkpoints.backends import StorageOptions, parse_storage
+
+# The built-in storage types' models, still importable from here (det_tasks.config's names).
+from det_tasks.checkpoints.backends.directory import DirectoryStorage
+from det_tasks.checkpoints.backends.s3 import S3Storage
+from det_tasks.checkpoints.backends.shared_fs import SharedFSStorage
 from det_tasks.config.grid import grid_problem
 from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
 from det_tasks.config.names import experiment_name_problem
@@ -170,40 +183,9 @@ class SearcherConfig(_Strict):
         return self
 
 
-class SharedFSStorage(_Strict):
-    type: Literal["shared_fs"]
-    host_path: str
-    storage_path: str | None = None
-    container_path: str | None = None
-    propagation: str | None = None
-    save_experiment_best: int = Field(default=0, ge=0)
-    save_trial_best: int = Field(default=1, ge=0)
-    save_trial_latest: int = Field(default=1, ge=0)
-
-
-class DirectoryStorage(_Strict):
-    type: Literal["directory"]
-    container_path: str
-    save_experiment_best: int = Field(default=0, ge=0)
-    save_trial_best: int = Field(default=1, ge=0)
-    save_trial_latest: int = Field(default=1, ge=0)
-
-
-class S3Storage(_Strict):
-    type: Literal["s3"]
-    bucket: str = Field(min_length=3)
-    prefix: str | None = None
-    endpoint_url: str | None = None
-    access_key: str | None = None
-    secret_key: str | None = None
-    save_experiment_best: int = Field(default=0, ge=0)
-    save_trial_best: int = Field(default=1, ge=0)
-    save_trial_latest: int = Field(default=1, ge=0)
-
-
-CheckpointStorageConfig = Annotated[
-    SharedFSStorage | DirectoryStorage | S3Storage, Field(discriminator="type")
-]
+# A section is validated by its type's backend (det_tasks.checkpoints.backends) and keeps that
+# model's fields when dumped.
+CheckpointStorageConfig = SerializeAsAny[StorageOptions]
 
 
 class OptimizationsConfig(_Strict):
@@ -269,6 +251,11 @@ class ExperimentConfig(_Strict):
     environment: dict[str, Any] = Field(default_factory=dict)
     bind_mounts: list[dict[str, Any]] = Field(default_factory=list)
     debug: bool = False
+
+    @field_validator("checkpoint_storage", mode="before")
+    @classmethod
+    def _storage_by_type(cls, raw: Any) -> Any:
+        return parse_storage(raw)
 
     @field_validator("hyperparameters", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from det_tasks.checkpoints.backends import options_model
 from det_tasks.config.experiment import ExperimentConfig, SearcherConfig
 from det_tasks.config.finite import FINITE_FIX, non_finite_field
 from det_tasks.config.unhonoured import warn_unhonoured
@@ -337,13 +338,7 @@ def describe_validation_error(
 
 
 def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and part in {"shared_fs", "directory", "s3"} | {
-        "const",
-        "int",
-        "double",
-        "log",
-        "categorical",
-    }
+    return isinstance(part, str) and part in {"const", "int", "double", "log", "categorical"}
 
 
 def _short(value: Any) -> str:
@@ -366,6 +361,8 @@ def _lookup(raw: Any, loc: list[Any]) -> Any:
 def _suggest(loc: list[Any], raw: dict[str, Any]) -> str:
     if not loc:  # the error is about the document itself (only union tags in its path)
         return ""
+    if len(loc) == 2 and loc[0] == "checkpoint_storage":  # its fields are its type's
+        return _closest(loc, [options_model(raw.get("checkpoint_storage"))])
     models: list[type[BaseModel]] = [ExperimentConfig]
     for part in loc[:-1]:
         fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]

@@ -2,7 +2,7 @@
 written, and that it is not the model directory that every checkpoint copies.
 
 A relative ``host_path`` is resolved against the working directory, as the local store
-(``det_tasks.pytorch._trainer.store_from_config``) resolves it. The folder is checked only
+(``det_tasks.checkpoints.backends.store_from_config``) resolves it. The folder is checked only
 where it is used, ``det-tasks run`` without MLflow: on the platform checkpoints go to the
 artifact store, and a Determined config naming a cluster's ``host_path`` (``/mnt/...``)
 must run there unchanged.
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from det_tasks.checkpoints.backends import DEFAULT_CHECKPOINT_DIR, local_folder
 from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.errors import ConfigError
 
@@ -28,29 +29,11 @@ __all__ = [
     "local_checkpoint_root",
 ]
 
-# Where a config without checkpoint_storage checkpoints (store_from_config's default).
-DEFAULT_CHECKPOINT_DIR = "checkpoints"
-
 
 def local_checkpoint_root(config: ExperimentConfig) -> tuple[str, Path] | None:
-    """(the field that names it, the folder) of a shared_fs or directory storage; None
-    for S3 or no storage."""
-    storage = config.checkpoint_storage
-    return None if storage is None else _storage_folder(storage.model_dump())
-
-
-def _storage_folder(storage: Mapping[str, Any]) -> tuple[str, Path] | None:
-    """(field, folder) of a raw ``checkpoint_storage`` mapping, validated or not."""
-    kind, host, sub = storage.get("type"), storage.get("host_path"), storage.get("storage_path")
-    if kind == "shared_fs" and isinstance(host, str):
-        folder, field = Path(host), "host_path"
-        if isinstance(sub, str) and sub:
-            folder, field = folder / sub, "host_path + storage_path"
-    elif kind == "directory" and isinstance(storage.get("container_path"), str):
-        folder, field = Path(storage["container_path"]), "container_path"
-    else:
-        return None
-    return f"checkpoint_storage.{field}", folder.expanduser().resolve()
+    """(the field that names it, the folder) of a storage type that writes to a local
+    folder (shared_fs, directory); None for S3 or no storage."""
+    return local_folder(config.checkpoint_storage)
 
 
 def check_checkpoint_storage(config: ExperimentConfig, source: str) -> None:
@@ -117,6 +100,6 @@ def code_exclusions(raw_config: Mapping[str, Any] | None, model_dir: Path) -> li
     checkpoint's ``experiment_config``) and the default ``checkpoints``."""
     code = model_dir.expanduser().resolve()
     storage = (raw_config or {}).get("checkpoint_storage")
-    found = _storage_folder(storage) if isinstance(storage, Mapping) else None
+    found = local_folder(storage) if isinstance(storage, Mapping) else None
     folders = [Path(DEFAULT_CHECKPOINT_DIR).resolve()] + ([found[1]] if found else [])
     return [f for f in dict.fromkeys(folders) if code in f.parents]

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from det_tasks import cluster_info, run_services
+from det_tasks.checkpoints.backends import store_from_config
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.config.experiment import ExperimentConfig, Length
 from det_tasks.config.horovod import horovod_tuning_env
@@ -172,25 +173,6 @@ def detect_distributed(optimizations: dict[str, Any]) -> DistributedContext:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return DistributedContext.from_torch_distributed()
     return DistributedContext()
-
-
-def store_from_config(exp_conf: dict[str, Any] | None) -> CheckpointStore:
-    """The local store a config's checkpoint_storage names (S3 lives in registry/)."""
-    storage = (exp_conf or {}).get("checkpoint_storage") or {}
-    kind = storage.get("type")
-    if kind is None:
-        return LocalDirectoryStore("checkpoints")
-    if kind == "shared_fs":
-        base = Path(storage["host_path"])
-        return LocalDirectoryStore(
-            base / storage["storage_path"] if storage.get("storage_path") else base
-        )
-    if kind == "directory":
-        return LocalDirectoryStore(storage["container_path"])
-    raise ConfigError(
-        f"checkpoint_storage type {kind!r} needs the registry's store: run through "
-        "`det-tasks run` with the platform extra installed, or pass checkpoint_store= to init()"
-    )
 
 
 def length_to_unit(

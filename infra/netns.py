@@ -225,13 +225,20 @@ exec "$@"
 
 
 def host_argv(
-    net: Network, host: int, hostname: str, workdir: str, hidden: Sequence[str], argv: list[str]
+    net: Network,
+    host: int,
+    hostname: str,
+    workdir: str,
+    hidden: Sequence[str],
+    argv: list[str],
+    shared: Sequence[str] = (),
 ) -> list[str]:
     """``argv`` run on host ``host``: in its network namespace, with its own ``hostname``,
     a private ``/tmp``, the folders ``hidden`` (other hosts' files) out of sight, and
     ``workdir`` (created on a private mount, e.g. under /tmp or a hidden folder) as its
-    current directory."""
-    keep = _installation()
+    current directory. ``shared`` folders stay in sight even under /tmp: what a site
+    shares with every host (a Slurm site's configuration and scratch)."""
+    keep = sorted({*_installation(), *shared})
     if any(" " in path for path in [*hidden, *keep]):
         raise ValueError(f"hidden or kept folders may not contain spaces: {[*hidden, *keep]}")
     return [

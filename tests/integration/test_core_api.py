@@ -1,0 +1,119 @@
+"""Issue 52 (first slice): Core API scripts (``entrypoint: python3 2_checkpoints.py``) under
+``det-tasks run``. The counter's value is closed-form (``x = batches * increment_by``), so
+every report, a stop at a checkpoint and the resumed run have exact answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from det_tasks.checkpoints import format as checkpoint_format
+from det_tasks.runner import run_trial
+from tests.integration.helpers import home_env
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "core_api"
+REPORT = re.compile(r"report_training_metrics\(steps_completed=(\d+), metrics=\{'x': (\d+)\}\)")
+
+
+def _det_tasks_run(*args: str) -> list[str]:
+    return [sys.executable, "-m", "det_tasks.runner.cli", "run", *args]
+
+
+def _reports(stderr: str) -> list[tuple[int, int]]:
+    return [(int(s), int(x)) for s, x in REPORT.findall(stderr)]
+
+
+def test_sigterm_stops_the_script_at_its_checkpoint_and_resume_continues_exactly(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    params = ["-p", "hyperparameters.batches=300", "-p", "hyperparameters.increment_by=3"]
+    slow = ["-p", "hyperparameters.batch_seconds=0.02"]
+    proc = subprocess.Popen(
+        _det_tasks_run(
+            str(EXAMPLES / "checkpoints.yaml"),
+            *params,
+            *slow,
+            "--no-progress",
+            "--checkpoint-dir",
+            str(checkpoints),
+        ),  # fmt: skip
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while proc.poll() is None and not list(checkpoints.glob("*/metadata.json")):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    found = re.fullmatch(
+        r"stopped by SIGTERM at batch (\d+), checkpoint (\S+); continue with: (.*)",
+        stderr.strip().splitlines()[-1],
+    )
+    assert found, stderr[-3000:]
+    batch, reference, command = int(found.group(1)), found.group(2), found.group(3)
+    assert 10 <= batch < 300 and batch % 10 == 0  # the script's own boundary
+    assert checkpoint_format.verify(Path(reference))["steps_completed"] == batch
+    assert (Path(reference) / "state").read_text() == f"{3 * batch},{batch},1"
+    assert _reports(stderr) == [(n, 3 * n) for n in range(10, batch + 1, 10)]
+
+    argv = shlex.split(command)
+    assert argv[-2:] == ["--resume", reference]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "det_tasks.runner.cli", *argv[1:]],
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _reports(resumed.stderr) == [(n, 3 * n) for n in range(batch + 10, 301, 10)]
+    summary = json.loads(resumed.stdout)
+    assert summary["batches_trained"] == 300 and summary["validation"] == {"x": 900}
+
+
+def test_searcher_length_and_hparams_reach_operations(tmp_path):
+    result = run_trial(
+        EXAMPLES / "hpsearch.yaml",
+        checkpoint_dir=tmp_path,
+        hparams={"increment_by": 2},
+        max_batches=30,  # an ASHA rung's length, as a flow passes it
+        progress=False,
+    )
+    assert result.sink.training == [(n, {"x": 2 * n}) for n in (10, 20, 30)]
+    assert result.validation_metrics == {"x": 60}
+    assert result.batches_trained == 30
+    assert [c.steps_completed for c in result.sink.checkpoints] == [10, 20, 30]
+
+
+def test_invalid_hp_early_exit_reaches_the_searcher(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import determined as det\n"
+        "with det.core.init() as core_context:\n"
+        "    if det.get_cluster_info().trial.hparams['lr'] > 1:\n"
+        "        raise det.InvalidHP('lr too large')\n"
+    )
+    (tmp_path / "exp.yaml").write_text(
+        "entrypoint: python3 train.py\nhyperparameters: {lr: 2}\n"
+        "searcher: {name: single, metric: x}\n"
+    )
+    proc = subprocess.run(
+        _det_tasks_run(str(tmp_path / "exp.yaml"), "--checkpoint-dir", str(tmp_path / "c")),
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "invalid hyperparameters" in proc.stderr

@@ -42,7 +42,7 @@ def test_sigterm_stops_the_script_at_its_checkpoint_and_resume_continues_exactly
             "--no-progress",
             "--checkpoint-dir",
             str(checkpoints),
-        ),  # fmt: skip
+        ),
         cwd=tmp_path,
         env=home_env(tmp_path),
         stdout=subprocess.PIPE,

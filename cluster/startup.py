@@ -37,7 +37,8 @@ from cluster.reconnect import (
     register_plugins,
     send_promptly,
 )
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
+from cluster.worker_spec import NANNY_SETTINGS, WorkerSpec
+from det_tasks.cpu_threads import worker_share
 from det_tasks.errors import ConfigError
 
 __all__ = [
@@ -122,14 +123,6 @@ def _warm_forkserver() -> None:
     warm_forkserver.configure(get_mp_context())  # after Dask has set its own list
 
 
-# Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is
-# *paused*: it silently stops running tasks. Our workers hold trials (torch, a model, data
-# loaders) in process memory, not Dask data, so 32 workers on 23 GB (0.79 GB each, 0.68 GB
-# used) all paused and the experiment hung. Instead, workers_that_fit starts no more embedded
-# workers than the host's available memory holds.
-NO_MEMORY_LIMIT = 0
-
-
 WORKER_MEMORY_ENV = "DET_TASKS_WORKER_MEMORY_MB"
 # A warm CPU worker holding the MNIST example measured 0.40-0.45 GB (torch, the clients, the
 # trial); user models are bigger, so a user with one sets the variable.
@@ -155,9 +148,9 @@ def worker_memory_mb() -> int:
 def workers_that_fit(n_workers: int) -> int:
     """How many of ``n_workers`` embedded CPU trial workers this host's available memory
     holds (``DET_TASKS_WORKER_MEMORY_MB`` each). Dask's own memory limit is off (see
-    NO_MEMORY_LIMIT), so this is the guard: more workers than RAM would have the operating
-    system kill some mid-trial. Trials beyond the workers wait for one, as Dask queues them.
-    GPU hosts are bounded by their GPUs instead."""
+    ``cluster.worker_spec.NO_MEMORY_LIMIT``), so this is the guard: more workers than RAM
+    would have the operating system kill some mid-trial. Trials beyond the workers wait for
+    one, as Dask queues them. GPU hosts are bounded by their GPUs instead."""
     wanted = max(1, n_workers)
     if gpu_count():
         return wanted
@@ -196,27 +189,19 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
         # for an idle worker would only force a restore.
         "distributed.scheduler.work-stealing": False,
         "distributed.worker.multiprocessing-method": "forkserver",
-        # Trials start processes of their own (DataLoader workers, subprocesses), which a
-        # daemonic worker may not; the Nanny reads this when it starts each worker.
-        "distributed.worker.daemon": False,
+        # Non-daemonic workers (cluster.worker_spec): each Nanny reads it as it starts.
+        **NANNY_SETTINGS,
     }
     with dask.config.set(settings):
         _warm_forkserver()
         gpus = gpu_count()
         if gpus:
             groups = gpu_groups(gpus, gpu_slots, max(1, n_workers))
+            threads = worker_share(len(groups))
             workers = {
                 f"gpu-{'-'.join(map(str, group))}": {
                     "cls": Nanny,
-                    "options": {
-                        "nthreads": 1,
-                        "memory_limit": NO_MEMORY_LIMIT,
-                        "env": {
-                            "CUDA_VISIBLE_DEVICES": ",".join(map(str, group)),
-                            WORKER_THREADS_ENV: str(worker_share(len(groups))),
-                        },
-                        "resources": {"GPU": len(group)},
-                    },
+                    "options": WorkerSpec(threads, gpus=tuple(group)).nanny_options(),
                 }
                 for group in groups
             }
@@ -224,19 +209,19 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
             with SpecCluster(workers=workers, scheduler=scheduler) as cluster:
                 yield cluster
             return
+        # The host's cores shared out between the workers (Dask's Nanny gives each one
+        # thread, which left a lone trial on half of a 2-core host).
+        options = WorkerSpec(threads=worker_share(max(1, n_workers))).nanny_options()
         with LocalCluster(
             n_workers=max(1, n_workers),
-            threads_per_worker=1,
+            threads_per_worker=options.pop("nthreads"),
             processes=True,
-            memory_limit=NO_MEMORY_LIMIT,
             dashboard_address=":0",
             scheduler_port=port,
             # Shutdown races (a worker's last heartbeat to a closed scheduler) are not the
             # user's business; a failing step still raises in the flow, naming its error.
             silence_logs=logging.CRITICAL,
-            # The host's cores shared out between the workers (Dask's Nanny gives each one
-            # thread, which left a lone trial on half of a 2-core host).
-            env={WORKER_THREADS_ENV: str(worker_share(max(1, n_workers)))},
+            **options,
         ) as cluster:
             yield cluster
 

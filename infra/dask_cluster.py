@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cluster.pools import DEFAULT_POOL, POOL_ENV, pool_resource_arg
-from det_tasks.cpu_threads import WORKER_THREADS_ENV, worker_share
+from cluster.pools import DEFAULT_POOL, POOL_ENV
+from cluster.worker_spec import WorkerSpec
+from det_tasks.cpu_threads import worker_share
 from infra.services import Service, port_open
 
-# Dask's setting ``distributed.worker.daemon`` as an environment variable (see worker_service).
-WORKER_DAEMON_ENV = "DASK_DISTRIBUTED__WORKER__DAEMON"
 # Dask's setting ``distributed.scheduler.http.routes``: the modules whose routes it serves.
 ROUTES_ENV = "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES"
 
@@ -49,10 +48,17 @@ def scheduler_http_port(port: int) -> int:
     return port + 1
 
 
-def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service:
+def scheduler_service(
+    root: Path,
+    port: int,
+    host: str = "127.0.0.1",
+    preload: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Service:
     """``dask scheduler`` on ``host`` (loopback unless workers on other hosts need another
     address), its HTTP server on the next port serving the job queue's routes too
-    (cluster.queue_http). A lost worker fails its task at once (allowed-failures 0): the
+    (cluster.queue_http), importing ``preload`` (a scheduler plugin's module, with its
+    settings in ``env``). A lost worker fails its task at once (allowed-failures 0): the
     experiment's task retries (max_restarts) decide."""
     from cluster.queue_http import route_modules
 
@@ -60,6 +66,7 @@ def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service
         sys.executable, "-m", "distributed.cli.dask_scheduler",
         "--host", host, "--port", str(port),
         "--dashboard-address", f"{host}:{scheduler_http_port(port)}",
+        *(arg for module in preload for arg in ("--preload", module)),
     ]  # fmt: skip
     return Service(
         "dask-scheduler",
@@ -71,6 +78,7 @@ def scheduler_service(root: Path, port: int, host: str = "127.0.0.1") -> Service
             "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
             "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
             ROUTES_ENV: repr(route_modules()),
+            **(env or {}),
         },
         start_timeout_s=60,
         stop_timeout_s=15,
@@ -95,21 +103,22 @@ def worker_service(
     (cluster.pools)."""
     folder = workdir or root / name
     folder.mkdir(parents=True, exist_ok=True)
-    own_gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus is not None else {}
+    spec = WorkerSpec(
+        threads=threads,
+        gpus=tuple(gpus) if gpus is not None else None,
+        pool=pool or os.environ.get(POOL_ENV) or DEFAULT_POOL,
+        preload=("cluster.held_trials",),  # torch, the harness, the clients: once, at start
+    )
+    spec_env = spec.cli_env()
+    own_gpus = {k: spec_env.pop(k) for k in ["CUDA_VISIBLE_DEVICES"] if k in spec_env}
     argv = [
         # Under a supervisor: a worker closes for good when it loses its scheduler (a
         # restart, its host lost), and must come back by itself once it answers again.
         sys.executable, "-m", "infra.supervise", name, "--",
         sys.executable, "-m", "distributed.cli.dask_worker", scheduler,
-        "--name", name, "--nthreads", "1", "--nworkers", "1",
-        # No Dask memory limit: a worker past 80% of one is paused (see cluster.startup).
-        "--memory-limit", "0",
+        "--name", name,
         "--local-directory", str(folder / "dask"), "--dashboard-address", ":0",
-        "--preload", "cluster.held_trials",
-        "--resources", " ".join(
-            [pool_resource_arg(pool or os.environ.get(POOL_ENV) or DEFAULT_POOL)]
-            + ([f"GPU={len(gpus)}"] if gpus else [])
-        ),
+        *spec.cli_args(),
     ]  # fmt: skip
     return Service(
         name,
@@ -120,11 +129,7 @@ def worker_service(
         env={
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
-            WORKER_THREADS_ENV: str(threads),
-            # Trials start processes of their own (DataLoader workers, subprocesses), which
-            # a daemonic worker may not ("daemonic processes are not allowed to have
-            # children"); the Nanny reads this when it starts the worker.
-            WORKER_DAEMON_ENV: "False",
+            **spec_env,  # its threads, and non-daemonic (cluster.worker_spec)
             **(env or {}),
             **own_gpus,
         },

@@ -156,6 +156,9 @@ def test_the_local_store_is_the_types(tmp_path: Path, monkeypatch: pytest.Monkey
     assert isinstance(default, LocalDirectoryStore) and default.root == tmp_path / "checkpoints"
     with pytest.raises(ConfigError, match=r"^checkpoint_storage type 's3' needs the registry"):
         store_from_config({"checkpoint_storage": {"type": "s3", "bucket": "bkt"}})
+    # a mapping given to fit(), not read through the loader: one line naming the field
+    with pytest.raises(ConfigError, match=r"^`checkpoint_storage.host_path` is invalid: Field"):
+        store_from_config({"checkpoint_storage": {"type": "shared_fs"}})
 
 
 def test_a_raw_section_names_its_folder_validated_or_not(tmp_path: Path) -> None:

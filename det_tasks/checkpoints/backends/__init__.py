@@ -7,8 +7,8 @@ the config, with the same one-line errors), the local folder it writes to (check
 training) and the store it builds when a trial runs without the platform. On the platform
 (``MLFLOW_TRACKING_URI`` set) every type's checkpoints are artifacts of the trial's MLflow
 run (``registry.checkpoints.S3CheckpointStore``) and only the ``save_*`` counts apply. A
-new backend is one module and one entry point line; a backend module is loaded only when a
-config names its type.
+new backend is one module and one entry point line; the registry looks a type up when a
+config names it, so a package installed later adds its type to processes started after it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from det_tasks.errors import ConfigError
 from det_tasks.plugins import entry_names, load_one
@@ -65,9 +65,8 @@ class StorageBackend:
 
     ``options`` validates the section; ``folder(section)`` reads a raw section (validated or
     not) for (the fields that name it, the local folder checkpoints go to), None when it
-    names none; ``local_store(options)``
-    builds the store a trial uses without the platform, or is None when the type needs the
-    platform's store (its error says so)."""
+    names none; ``local_store(options)`` builds the store a trial uses without the platform,
+    and is None when the type needs the platform's store (its error says so)."""
 
     options: type[StorageOptions]
     folder: Callable[[Mapping[str, Any]], tuple[str, Path] | None] | None = None
@@ -141,12 +140,20 @@ def options_model(section: Any) -> type[StorageOptions]:
 
 
 def _options(section: StorageOptions | Mapping[str, Any]) -> StorageOptions:
+    """A section as its type's model; a raw one that does not validate (a mapping given to
+    ``fit()``, not read through the loader) is a one-line ConfigError naming the field."""
     if isinstance(section, StorageOptions):
         return section
     try:
         return parse_storage(section)  # type: ignore[no-any-return]
-    except ValueError as err:  # pydantic's ValidationError is one
-        raise ConfigError(f"checkpoint_storage: {err}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(["checkpoint_storage", *map(str, first["loc"])])
+        raise ConfigError(f"`{where}` is invalid: {first['msg']}") from None
+    except ConfigError:
+        raise
+    except ValueError as err:  # the type is missing or not a name
+        raise ConfigError(str(err)) from None
 
 
 def local_folder(section: StorageOptions | Mapping[str, Any] | None) -> tuple[str, Path] | None:

@@ -6,9 +6,7 @@ its preload (the embedded one is in the default pool and warmed by its forkserve
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,25 +99,26 @@ class _Captured:
         return None
 
 
-@contextlib.contextmanager
-def _embedded(monkeypatch: pytest.MonkeyPatch, gpus: int) -> Iterator[list[Any]]:
+def _embedded(monkeypatch: pytest.MonkeyPatch, gpus: int) -> dict[str, Any]:
+    """What ``embedded_cluster(2)`` builds its cluster with on an 8-core host with ``gpus``
+    GPUs; non-daemonic workers checked on the way."""
     _Captured.calls = []
     monkeypatch.setattr(startup, "_warm_forkserver", lambda: None)
     monkeypatch.setattr(startup, "gpu_count", lambda: gpus)
-    monkeypatch.setattr(startup, "worker_share", lambda n: 8 // n)  # an 8-core host
+    monkeypatch.setattr(startup, "worker_share", lambda n: 8 // n)
     monkeypatch.setattr(startup, "SpecCluster", _Captured)
     monkeypatch.setattr(startup, "LocalCluster", _Captured)
     with startup.embedded_cluster(2, gpu_slots=1):
-        yield _Captured.calls
+        pass
+    [(_, kwargs, daemon)] = _Captured.calls
+    assert daemon is False
+    return kwargs
 
 
 def test_an_embedded_gpu_worker_is_the_stack_worker_less_pool_and_preload(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with _embedded(monkeypatch, gpus=2) as calls:
-        pass
-    [(_, kwargs, daemon)] = calls
-    assert daemon is False
+    kwargs = _embedded(monkeypatch, gpus=2)
     embedded = {name: w["options"] for name, w in kwargs["workers"].items()}
     assert sorted(embedded) == ["gpu-0", "gpu-1"]
     stack = _stack_worker(tmp_path, gpus=[1], threads=4)
@@ -133,10 +132,7 @@ def test_an_embedded_gpu_worker_is_the_stack_worker_less_pool_and_preload(
 def test_an_embedded_cpu_worker_is_the_stack_worker_less_pool_and_preload(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with _embedded(monkeypatch, gpus=0) as calls:
-        pass
-    [(_, kwargs, daemon)] = calls
-    assert daemon is False
+    kwargs = _embedded(monkeypatch, gpus=0)
     embedded = {
         "nthreads": kwargs["threads_per_worker"],
         **{k: kwargs[k] for k in ("memory_limit", "env")},

@@ -59,6 +59,7 @@ from det_tasks.errors import (
 )
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.runner.stop_requests import STOP_FILE_ENV
 from det_tasks.runner.trial_processes import TrialProcesses
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 from registry.checkpoints import checkpoint_records
@@ -394,7 +395,7 @@ def _run_step(request: StepRequest) -> StepResult:
             plugin.release(_stopped(request))
         return _result(worker, request.stop or 0, True, started, recycle_due=plugin.recycle_due)
     if request.kind == "segment":
-        return _segment(worker, request, spec, started)
+        return _segment(worker, plugin, request, spec, started)
     try:
         trial, warm = plugin.trial_at(request, spec)
     except InvalidHP as err:  # rejected in __init__: nothing is held
@@ -564,54 +565,36 @@ def _result(worker: Worker, position: int, warm: bool, started: float, **more: A
     )
 
 
-def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: float) -> StepResult:
+def _segment(
+    worker: Worker, plugin: HeldTrialPlugin, request: StepRequest, spec: TrialSpec, started: float
+) -> StepResult:
     """Train to ``stop`` with validation and checkpoint in a ``det-tasks run`` process."""
     resume = resume_candidates(
         request.parent_run_id, request.experiment_id, spec.trial_id, at_most=request.stop
     )
     with tempfile.TemporaryDirectory() as tmp:
         summary_file = Path(tmp) / "summary.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "det_tasks.runner.cli",
-            "run",
-            spec.config_path,
-            spec.model_dir,
-            "--no-progress",
-            "--trial-id",
-            str(spec.trial_id),
-            "--hparams",
-            json.dumps(spec.hparams),
-            "--summary-file",
-            str(summary_file),
-        ]
-        if request.stop is not None:
-            cmd += ["--max-batches", str(request.stop)]
-        if spec.experiment_run_key:
-            cmd += ["--experiment-run", spec.experiment_run_key]
-        for uri in resume:
-            cmd += ["--resume", uri]
-        if spec.device:
-            cmd += ["--device", spec.device]
-        for item in spec.overrides:
-            cmd += ["--param", item]
+        cmd = _segment_command(request, spec, resume, summary_file)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if share := worker_threads():  # not the Nanny's OMP_NUM_THREADS=1
             env["OMP_NUM_THREADS"] = str(share)
         # A plain process for the segment, not one with Dask's malloc setting (see run_step).
         if env.get(DASK_TRIM_ENV) == DASK_TRIM_THRESHOLD:
             del env[DASK_TRIM_ENV]
-        proc = subprocess.run(
+        env[STOP_FILE_ENV] = str(Path(tmp) / "stop")  # a Core API script's should_preempt()
+        proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
+        mode = _pass_stop_requests(plugin, spec, proc, Path(env[STOP_FILE_ENV]))
+        _, stderr = proc.communicate()
+        plugin.preempting.discard(_preempt_key(spec))  # the queue's request is spent
         if proc.returncode == EXIT_INVALID_HP:
             reason = json.loads(summary_file.read_text()).get("invalid_hp", "")
             return _result(worker, request.start, False, started, invalid_hp=str(reason))
         if proc.returncode != 0:
             raise TrialFailed(
                 f"trial {spec.trial_id} failed (exit code {proc.returncode}); last output:\n"
-                + last_output(proc.stderr)
+                + last_output(stderr)
             )
         summary = json.loads(summary_file.read_text())
     return _result(
@@ -622,7 +605,52 @@ def _segment(worker: Worker, request: StepRequest, spec: TrialSpec, started: flo
         restored_from=resume[0] if resume else None,
         validation=summary.get("validation"),
         checkpoint=summary.get("checkpoint"),
+        preempted=mode[0] if summary.get("stopped") else None,
     )
+
+
+def _segment_command(
+    request: StepRequest, spec: TrialSpec, resume: list[str], summary_file: Path
+) -> list[str]:
+    """The ``det-tasks run`` command line of a segment."""
+    cmd = [sys.executable, "-m", "det_tasks.runner.cli", "run", spec.config_path]
+    cmd += [spec.model_dir, "--no-progress", "--trial-id", str(spec.trial_id)]
+    cmd += ["--hparams", json.dumps(spec.hparams), "--summary-file", str(summary_file)]
+    if request.stop is not None:
+        cmd += ["--max-batches", str(request.stop)]
+    if spec.experiment_run_key:
+        cmd += ["--experiment-run", spec.experiment_run_key]
+    for uri in resume:
+        cmd += ["--resume", uri]
+    if spec.device:
+        cmd += ["--device", spec.device]
+    for item in spec.overrides:
+        cmd += ["--param", item]
+    return cmd
+
+
+def _pass_stop_requests(
+    plugin: HeldTrialPlugin, spec: TrialSpec, proc: subprocess.Popen[str], stop_file: Path
+) -> list[str]:
+    """Until ``proc`` ends, pass a pause, cancel or the queue's preemption of the segment's
+    trial on to its script (det_tasks.runner.stop_requests; a kill is left to the grace
+    period). Returns a list the stop mode is put in, once asked."""
+    asked: list[str] = []
+    key = spec.experiment_run_key or ""
+
+    def watch() -> None:
+        while proc.poll() is None and not asked:
+            mode = plugin.stop_modes.get(key)
+            if mode is None and _preempt_key(spec) in plugin.preempting:
+                mode = PREEMPT
+            if mode in ("pause", "cancel", PREEMPT):
+                asked.append(mode)
+                state = "PREEMPTED" if mode == PREEMPT else STOP_STATES[mode]
+                stop_file.write_text(state, encoding="utf-8")
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="det-tasks-segment-stop", daemon=True).start()
+    return asked
 
 
 def _empty_cuda_cache() -> None:

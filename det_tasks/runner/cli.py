@@ -20,6 +20,7 @@ from det_tasks import plugins
 from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
 from det_tasks.loader_failures import loader_worker_death, worker_traceback
 from det_tasks.runner.library_logs import quiet_library_loggers
+from det_tasks.runner.stop_requests import RequestedStop
 from det_tasks.runner.stop_signals import SignalStop, StoppedAtOnce, StopSignals, resume_command
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
 
@@ -149,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = _train_in_process(args)
     except (SignalStop, StoppedAtOnce) as stopped:  # SIGHUP, SIGTERM
         return _report_signal_stop(stopped, sys.argv[1:] if argv is None else argv)
+    except RequestedStop as stopped:  # its starter's request (a flow's pause)
+        return _report_requested_stop(stopped, args)
     except DetTasksError as err:
         where = _user_code_location(err)
         print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr)
@@ -263,6 +266,20 @@ def _report_signal_stop(stopped: SignalStop | StoppedAtOnce, argv: Sequence[str]
             f"continue with: {resume_command(argv, stopped.reference)}"
         )
     return stopped.exit_code
+
+
+def _report_requested_stop(stopped: RequestedStop, args: argparse.Namespace) -> int:
+    """A Core API script stopped on its starter's request: where, in the summary its starter
+    reads (``stopped``: the state its run ended in)."""
+    summary = {
+        "batches_trained": stopped.batches,
+        "checkpoint": stopped.reference,
+        "stopped": stopped.state,
+    }
+    if getattr(args, "summary_file", None):
+        Path(args.summary_file).write_text(json.dumps(summary, indent=2))
+    _say(f"stopped ({stopped.state}) at batch {stopped.batches}, checkpoint {stopped.reference}")
+    return 0
 
 
 def _say(text: str) -> None:

@@ -18,7 +18,7 @@ from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, DetTasksError, InvalidHP, TrialError
 from det_tasks.pytorch import Batch, Epoch, Trainer, TrainUnit, init
-from det_tasks.runner import worker_group
+from det_tasks.runner import stop_requests, worker_group
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import (
     load_trial_class,
@@ -301,7 +301,11 @@ def _run_script(
     old_argv = sys.argv
     sys.argv = [str(path), *args]
     try:
-        with cluster_info.launched(info), run_services.provide(services):
+        with (
+            cluster_info.launched(info),
+            run_services.provide(services),
+            stop_requests.passed_to(services.control),
+        ):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit_:
@@ -314,8 +318,10 @@ def _run_script(
     validation = memory.validation[-1][1] if memory.validation else None
     if services.control.claimed:  # a Core API script: it answered stop requests itself
         _settle_core_script(run, services, max_length)
+        reference = run.store.uri(uuid) if uuid else None
         if run.stop_signals is not None:
-            run.stop_signals.raise_if_stopped(steps, run.store.uri(uuid) if uuid else None)
+            run.stop_signals.raise_if_stopped(steps, reference)
+        stop_requests.raise_if_requested(services.control, steps, reference)
     return steps, uuid, validation
 
 

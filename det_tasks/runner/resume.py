@@ -34,8 +34,10 @@ def choose_resume_checkpoint(
         try:
             _refuse_missing_path(reference)
             with open_checkpoint(store, reference) as path:
-                ckpt.verify(path)
-                ckpt.find_state_file(path)
+                # A sealed checkpoint is intact when its listed files are (a Core API
+                # script's has no state_dict.pth); an unsealed one (Determined's) needs it.
+                if not ckpt.verify(path).get("files"):
+                    ckpt.find_state_file(path)
         except CheckpointError as err:
             problems.append(f"{reference}: {err}")
             print(

@@ -117,3 +117,54 @@ def test_invalid_hp_early_exit_reaches_the_searcher(tmp_path):
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "invalid hyperparameters" in proc.stderr
+
+
+def test_a_flow_pause_reaches_should_preempt_and_activate_continues_exactly(tmp_path):
+    """``python -m flows.experiment`` of the counter, paused (SIGINT to the flow, as ``kill
+    -INT``): the script's segment stops at its own checkpoint, every run ends KILLED with
+    det.state PAUSED, and ``--activate`` continues the same trial run to the exact end."""
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    params = [
+        "hyperparameters.batches=300",
+        "hyperparameters.increment_by=3",
+        "searcher.max_length.batches=300",  # a flow's searcher needs a length
+    ]
+    proc = _flow(tmp_path, *params, "hyperparameters.batch_seconds=0.03")
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any((tmp_path / "checkpoints").rglob("checkpoints/*/metadata.json")):
+            break  # the segment stored its first checkpoint
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    activate = re.search(r"--activate ([0-9a-f-]{36})", stderr)
+    assert activate, stderr[-3000:]
+    client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("core-api-checkpoints")
+    runs = client.search_runs([experiment.experiment_id])
+    assert {(r.info.status, r.data.tags.get("det.state")) for r in runs} == {("KILLED", "PAUSED")}
+    trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    stopped_at = checkpoint_records(client, trial.info.run_id)[-1]["steps_completed"]
+    assert 10 <= stopped_at < 300 and stopped_at % 10 == 0
+
+    resumed = _flow(tmp_path, *params, "--activate", activate.group(1))
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
+    history = client.get_metric_history(trial.info.run_id, "training/x")
+    assert sorted((m.step, m.value) for m in history) == [(n, 3.0 * n) for n in range(10, 301, 10)]
+    assert client.get_run(trial.info.run_id).data.metrics["validation/x"] == 900
+
+
+def _flow(home: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.experiment", str(EXAMPLES / "checkpoints.yaml"), *args],
+        cwd=home,
+        env=home_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from flows.command_line import CommandLine, check_command_line
 from flows.embedded import (
@@ -88,27 +88,13 @@ from prefect.settings import (
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from cluster.held_trials import TrialFailed
-from cluster.job_slots import JobSlots, cluster_pools, pool_resource
-from cluster.placement import Placement
+from cluster.environment import SCHEDULER_ENV
 from cluster.pools import DEFAULT_POOL
-from cluster.startup import SCHEDULER_ENV, background_cluster, dask_client, worker_memory_mb
-from cluster.steps import release_everywhere, stop_everywhere
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.experiment_name import experiment_name, named
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
-from det_tasks.runner.trial_setup import load_raw_config
 from det_tasks.searcher import Searcher, Work, make_searcher, trials_at_once
-from flows.activation_start import (
-    PAUSED_FOR_S,
-    activation_settled,
-    code_for,
-    has_deployment,
-    reenter,
-)
-from flows.chains import TrialChains, final_segment
-from flows.disk_full import paused_for_room
 from flows.embedded import (
     honour_checkpoint_folder,
     start_shielded_prefect_server,
@@ -116,21 +102,38 @@ from flows.embedded import (
 )
 from flows.job_settings import check_pool, job_settings
 from flows.lifecycle import continue_lines
+from flows.prefetch import Prefetch
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
-from flows.stopping import StopControl, stop_grace_s
-from flows.trial_table import TrialTable, searcher_batches
-from registry.activation import (
-    check_activatable,
-)
-from registry.mlflow_services import finish_experiment
-from registry.packages import fetch_package
-from registry.run_states import end_orphans, end_running_runs, record_failure
-from registry.s3 import LazyClient
-from registry.searcher_state import load_searcher_state
+from registry.experiment_setup import mlflow_link
 from registry.settings import RegistrySettings
-from registry.tracking import ExperimentRuns, client_for, import_tracking_store, mlflow_link
+
+if TYPE_CHECKING:
+    from cluster.placement import Placement
+    from flows.chains import TrialChains
+    from flows.stopping import StopControl
+    from flows.trial_table import TrialTable
+    from registry.tracking import ExperimentRuns
 
 __all__ = ["experiment", "run_settings"]
+
+# The modules that bring torch, MLflow, Dask and boto3 (~3 s of imports) are imported where
+# they are used. In a worker's flow-run process they load on a thread from here on, while
+# Prefect's engine sets the run Running (flows.prefetch); the flow waits for them first.
+HEAVY_MODULES = (
+    "registry.packages",
+    "det_tasks.runner.trial_setup",
+    "registry.tracking",
+    "registry.activation",
+    "registry.run_states",
+    "registry.searcher_state",
+    "registry.mlflow_services",
+    "cluster.held_trials",
+    "cluster.startup",
+    "cluster.placement",
+    "cluster.steps",
+    "cluster.job_slots",
+)
+_PREFETCH = Prefetch(HEAVY_MODULES)
 
 
 def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
@@ -142,7 +145,39 @@ def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
     return known
 
 
+def _after_earlier_runs(
+    mlflow: Any, runs: ExperimentRuns, run_key: str, config_path: Path, overrides: list[str]
+) -> None:
+    """End the runs whose flow stopped without a word, and say how an earlier experiment of
+    this name continues (a relaunch starts afresh, as Determined's create does)."""
+    from flows.activation_start import has_deployment
+    from registry.run_states import end_orphans
+
+    logger = get_run_logger()
+    for orphan in end_orphans(mlflow, [runs.experiment_id]):
+        logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
+    command = None if has_deployment() else (config_path, overrides)
+    for line in continue_lines(mlflow, runs.experiment_id, run_key, command):
+        logger.warning(line)
+
+
+def _searcher_work(
+    cfg: ExperimentConfig, runs: ExperimentRuns
+) -> tuple[Searcher, set[int], list[Work]]:
+    """The searcher (its saved state restored), the trials it has finished, and the work
+    to start: a finished trial's final segment is not run again."""
+    from flows.chains import final_segment
+
+    searcher = make_searcher(cfg)
+    _restore(searcher, runs)
+    finished = searcher.finished()
+    todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
+    return searcher, finished, todo
+
+
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
+    from registry.searcher_state import load_searcher_state
+
     state = load_searcher_state(runs.client.get_run(runs.parent_run_id).data.tags)
     if state is not None:
         searcher.load(state)
@@ -170,6 +205,9 @@ def experiment(
     experiment runs its code snapshot (registry.experiment_code), taken when it was created;
     ``use_changed_code``: resume with the model folder's code instead, as a new code version.
     """
+    _PREFETCH.wait()  # the heavy modules, loaded meanwhile in a worker's flow run
+    from registry.packages import fetch_package
+
     logger = get_run_logger()
     overrides = list(overrides or [])
     if not package:
@@ -200,6 +238,12 @@ def _run_experiment(
     experiment_key: str | None = None,
     use_changed_code: bool = False,
 ) -> Any:
+    from det_tasks.runner.trial_setup import load_raw_config
+    from flows.activation_start import activation_settled, code_for, reenter
+    from flows.chains import TrialChains
+    from registry.activation import check_activatable
+    from registry.tracking import ExperimentRuns, client_for
+
     logger = get_run_logger()
     raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
     settings, tracking_uri = _tracking_settings()
@@ -213,16 +257,9 @@ def _run_experiment(
         check_activatable(mlflow, name, experiment_key, tracking_uri)
     model_path, code = code_for(mlflow, run_key, raw, cfg, model_path, package, use_changed_code)
     runs = ExperimentRuns(mlflow, name, run_key, raw)
-    for orphan in end_orphans(mlflow, [runs.experiment_id]):
-        logger.warning("ended MLflow run %s: its flow stopped without a word", orphan)
-    command = None if has_deployment() else (config_path, overrides)
-    for line in continue_lines(mlflow, runs.experiment_id, run_key, command):
-        logger.warning(line)  # a relaunch starts afresh (Determined's create) and says so
+    _after_earlier_runs(mlflow, runs, run_key, config_path, overrides)
     before, activated = reenter(runs, code)
-    searcher = make_searcher(cfg)
-    _restore(searcher, runs)
-    finished = searcher.finished()
-    todo = [w for w in searcher.start() if w.trial_id not in finished or not final_segment(w, cfg)]
+    searcher, finished, todo = _searcher_work(cfg, runs)
     limit = trials_at_once(cfg)
     trial_count = _expected_trials(cfg, len({w.trial_id for w in todo} | finished))
     table = _trial_table(name, cfg, runs, settings, trial_count)
@@ -266,6 +303,11 @@ def _train(
 ) -> tuple[Any, int, StopControl]:
     """Run the trials on the cluster until they end or a stop request stops them; returns
     the chains' best, how many held trials the final sweep released, and the stop."""
+    from cluster.startup import dask_client
+    from cluster.steps import release_everywhere
+    from flows.disk_full import paused_for_room
+    from flows.stopping import StopControl
+
     with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
         trials = _queued_chains(chains, client, cfg, run_key, limit)
         stop = StopControl(client, run_key, runs.client, runs.parent_run_id, _prefect_cancelling)
@@ -299,6 +341,9 @@ def _queued_chains(
 ) -> TrialChains:
     """The experiment's chains on its resource pool's workers, with a seat in the
     cluster's job queue (cluster.job_queue) that decides when each trial starts."""
+    from cluster.job_slots import JobSlots, cluster_pools, pool_resource
+    from cluster.placement import Placement
+
     pools = cluster_pools(client)
     if pools is None:
         get_run_logger().warning(
@@ -330,6 +375,8 @@ def _tracking_settings() -> tuple[RegistrySettings, str]:
 def _trial_table(
     name: str, cfg: ExperimentConfig, runs: ExperimentRuns, settings: RegistrySettings, total: int
 ) -> TrialTable:
+    from flows.trial_table import TrialTable, searcher_batches
+
     tracking_uri = settings.tracking_uri or ""
     return TrialTable(
         name,
@@ -345,6 +392,10 @@ def _trial_table(
 
 def _finish(runs: ExperimentRuns, settings: RegistrySettings) -> None:
     """GC, the winner and the plots; if they fail, the parent run still ends (FAILED)."""
+    from registry.mlflow_services import finish_experiment
+    from registry.run_states import end_running_runs, record_failure
+    from registry.s3 import LazyClient
+
     try:
         finish_experiment(runs, LazyClient(settings.s3_endpoint))
     except Exception as err:
@@ -371,6 +422,9 @@ def _end_abruptly(
 ) -> None:
     """The flow ends without its trials' cooperation: stop them at once on their workers,
     and end every run of the experiment (CANCELED on a second Ctrl-C, FAILED on an error)."""
+    from cluster.steps import release_everywhere, stop_everywhere
+    from registry.run_states import end_running_runs, record_failure
+
     killed = isinstance(err, KeyboardInterrupt)
     state, status = ("CANCELED", "KILLED") if killed else ("ERROR", "FAILED")
     with contextlib.suppress(Exception):
@@ -398,6 +452,9 @@ def _end_abruptly(
 def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key: str) -> Any:
     """An experiment stopped on request: its runs end KILLED with its state, and the flow
     run is suspended (a deployment's: activate resumes it) or ends Cancelled."""
+    from flows.activation_start import PAUSED_FOR_S, has_deployment
+    from registry.run_states import end_running_runs
+
     assert stop.state is not None
     end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, stop.state)
     short = run_key[:8]
@@ -464,6 +521,10 @@ def main(
     needed (see flows.embedded); prints the summary as JSON. ``prestarted``: the Prefect
     server _prestart started for it; ``checked``: the command line it already checked;
     ``warm``: the home's warm services _prestart pointed it at."""
+    from cluster.held_trials import TrialFailed
+    from cluster.startup import background_cluster
+    from registry.tracking import import_tracking_store
+
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(
@@ -474,17 +535,12 @@ def main(
         return 2
     try:  # before a Prefect server starts: a typo costs a second, not ten
         checked = checked or check_command_line(args)
-        worker_memory_mb()  # DET_TASKS_WORKER_MEMORY_MB, checked before anything starts
-        stop_grace_s()  # DET_TASKS_STOP_GRACE_S too
+        _check_settings()
     except (DetTasksError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     cfg = checked.cfg
-    _say_where_runs_go(warm)
-    # A Determined user's checkpoint_storage folder is where they look (issue 50 item 6).
-    where = honour_checkpoint_folder(cfg)
-    if where:
-        print(where, file=sys.stderr)
+    _say_where_runs_go(warm, cfg)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     workers = trials_at_once(cfg)
     with (
@@ -516,8 +572,18 @@ def main(
         return _report(state)
 
 
-def _say_where_runs_go(warm: WarmServices | None) -> None:
-    """On stderr: the embedded defaults chosen, or the warm services used."""
+def _check_settings() -> None:
+    """DET_TASKS_WORKER_MEMORY_MB and DET_TASKS_STOP_GRACE_S, checked before anything starts."""
+    from cluster.startup import worker_memory_mb
+    from flows.stopping import stop_grace_s
+
+    worker_memory_mb()
+    stop_grace_s()
+
+
+def _say_where_runs_go(warm: WarmServices | None, cfg: ExperimentConfig) -> None:
+    """On stderr: the embedded defaults chosen, or the warm services used; then where the
+    config's checkpoint_storage folder's checkpoints go."""
     chosen = use_embedded_defaults()
     if chosen:
         print(
@@ -534,6 +600,10 @@ def _say_where_runs_go(warm: WarmServices | None) -> None:
             "python -m infra.warm_home stop",
             file=sys.stderr,
         )
+    # A Determined user's checkpoint_storage folder is where they look (issue 50 item 6).
+    where = honour_checkpoint_folder(cfg)
+    if where:
+        print(where, file=sys.stderr)
 
 
 def _report(state: Any) -> int:

@@ -28,9 +28,13 @@ of the flow tests' 1-trial XOR experiment (5 batches), one line per phase, media
 from the command's start: the command's return, the flow run's creation, the Prefect
 worker's pickup (Pending), the flow run Running (its process started), the first task
 started (the queue let the trial start), the trial's MLflow run, and its first trained
-batch (the first training metric's timestamp). Target: first batch <= 5 s.
+batch (the first training metric's timestamp). Target: first batch <= 5 s. With
+``--baseline-src DIR`` (another checkout) its ``det`` and its flow code (the flow-run
+process's PYTHONPATH, set on the deployment before each experiment) take turns with this
+tree's on the same stack: one column each.
 
-    python bench/flow_latency.py [--repeats 3] [--deployment | --create [--port-offset N]]
+    python bench/flow_latency.py [--repeats 3] [--deployment |
+                                  --create [--port-offset N] [--baseline-src DIR] [-v]]
 """
 
 from __future__ import annotations
@@ -287,8 +291,32 @@ def _ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
     return seen if "COMPLETED" in seen else None
 
 
-def create_to_first_batch(repeats: int, port_offset: int, verbose: bool = False) -> None:
-    """Issue 53 item 4: one line per phase (median, min-max) over ``repeats`` experiments."""
+def use_flow_code(env: dict[str, str], src: Path, deployment: str = "experiment/submitted") -> None:
+    """Make the stack's worker run ``deployment``'s next flow runs with the code of ``src``
+    (the flow-run process's PYTHONPATH, a job variable): the two trees compared share one
+    stack."""
+    from bench.det_latency import prefect_get
+
+    found: Any = prefect_get(env, f"/deployments/name/{deployment}")
+    variables = dict(found.get("job_variables") or {})
+    variables["env"] = {**(variables.get("env") or {}), "PYTHONPATH": str(src)}
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}/deployments/{found['id']}",
+        data=json.dumps({"job_variables": variables}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="PATCH",
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def create_to_first_batch(
+    repeats: int, port_offset: int, verbose: bool = False, baseline: Path | None = None
+) -> None:
+    """Issue 53 item 4: one line per phase (median, min-max) over ``repeats`` experiments;
+    with ``baseline`` (another checkout), its ``det`` and flow code too, interleaved on the
+    same stack."""
     import shutil
 
     from bench.det_latency import MODEL, Det, a_stack
@@ -301,18 +329,29 @@ def create_to_first_batch(repeats: int, port_offset: int, verbose: bool = False)
         with a_stack(stack_args, tmp) as stack_env:
             env = {**os.environ, **stack_env, "PREFECT_HOME": str(tmp / "prefect-client")}
             env.pop("DET_MASTER", None)
-            det = Det("this tree", ROOT, env, workdir)
-            create_phases(det, env, f"bench-create-warmup-{os.getpid()}")  # not counted
+            dets = [Det("this tree", ROOT, env, workdir)]
+            if baseline is not None:
+                dets.append(Det("baseline", baseline.resolve(), env, workdir))
+            rows: dict[str, list[dict[str, float]]] = {det.name: [] for det in dets}
+            for det in dets:  # warm-ups, not counted
+                use_flow_code(env, det.src)
+                create_phases(det, env, f"bench-create-warmup-{det.name[0]}-{os.getpid()}")
             before = os.getloadavg()[0]
-            rows = [
-                create_phases(det, env, f"bench-create-{os.getpid()}-{i}") for i in range(repeats)
-            ]
+            for i in range(repeats):
+                for det in dets:
+                    use_flow_code(env, det.src)
+                    name = f"bench-create-{det.name[0]}-{os.getpid()}-{i}"
+                    rows[det.name].append(create_phases(det, env, name))
     print(f"load average (1 min) before {before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{platform.node()} ({os.cpu_count()} CPUs); medians of {repeats}, seconds from "
           "`det experiment create`")  # fmt: skip
     for phase in CREATE_PHASES:
-        values = [r[phase] for r in rows]
-        print(f"{phase}: {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
+        cells = []
+        for name, runs in rows.items():
+            values = [r[phase] for r in runs]
+            cells.append(f"{name} {statistics.median(values):.2f} s "
+                         f"({min(values):.2f}-{max(values):.2f})")  # fmt: skip
+        print(f"{phase}: " + "; ".join(cells))
     if verbose:
         print("\n".join(_LOG_LINES))
 
@@ -324,9 +363,10 @@ def main() -> None:
     parser.add_argument("--create", action="store_true", help="det experiment create's phases")
     parser.add_argument("--port-offset", type=int, default=0, help="--create: shift its ports")
     parser.add_argument("-v", "--verbose", action="store_true", help="--create: the flow logs")
+    parser.add_argument("--baseline-src", type=Path, help="--create: another tree beside this")
     args = parser.parse_args()
     if args.create:
-        create_to_first_batch(args.repeats, args.port_offset, args.verbose)
+        create_to_first_batch(args.repeats, args.port_offset, args.verbose, args.baseline_src)
         return
     # No system-metrics sampler in the trials this script starts: it would time it too.
     os.environ["DET_TASKS_SYSTEM_METRICS_INTERVAL"] = "0"

@@ -159,8 +159,11 @@ def test_a_flow_pause_reaches_should_preempt_and_activate_continues_exactly(tmp_
 
 
 def _flow(home: Path, *args: str) -> subprocess.Popen[str]:
+    config = str(EXAMPLES / "checkpoints.yaml")
+    if args and args[0] == "--config":
+        config, args = args[1], args[2:]
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.experiment", str(EXAMPLES / "checkpoints.yaml"), *args],
+        [sys.executable, "-m", "flows.experiment", config, *args],
         cwd=home,
         env=home_env(home),
         stdout=subprocess.PIPE,
@@ -168,3 +171,55 @@ def _flow(home: Path, *args: str) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,
     )
+
+
+def _trial_runs(home: Path, experiment: str) -> list[tuple[int, list[tuple[int, float]]]]:
+    """Each trial run's increment_by and its validation/x history (step, value)."""
+    from registry.tracking import client_for
+
+    client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
+    found = client.get_experiment_by_name(experiment)
+    trials = [
+        r for r in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+    ]
+    return [
+        (
+            int(run.data.params["hp.increment_by"]),
+            sorted(
+                (m.step, m.value)
+                for m in client.get_metric_history(run.info.run_id, "validation/x")
+            ),
+        )
+        for run in trials
+    ]
+
+
+def test_a_grid_search_over_increment_by_reports_each_trials_exact_value(tmp_path):
+    proc = _flow(tmp_path, "--config", str(EXAMPLES / "hpsearch.yaml"))
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    trials = sorted(_trial_runs(tmp_path, "core-api-hpsearch"))
+    assert trials == [(1, [(50, 50.0)]), (2, [(50, 100.0)]), (3, [(50, 150.0)])]
+
+
+def test_asha_rungs_are_the_operations_lengths_and_the_best_is_promoted(tmp_path):
+    asha = [
+        "searcher.name=adaptive_asha",
+        "searcher.max_trials=4",
+        "searcher.max_length.batches=40",
+        "searcher.divisor=2",
+        "searcher.max_rungs=3",
+        "searcher.mode=aggressive",
+        "hyperparameters.increment_by.vals=[1,2,3,4]",
+    ]
+    proc = _flow(tmp_path, "--config", str(EXAMPLES / "hpsearch.yaml"), *asha)
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    trials = _trial_runs(tmp_path, "core-api-hpsearch")
+    assert len(trials) == 4
+    for increment_by, history in trials:  # every rung's value is exact
+        assert history and all(x == increment_by * step for step, x in history), history
+        assert {step for step, _ in history} <= {10, 20, 40}
+    best = max(increment_by for increment_by, _ in trials)
+    reached = {inc: max(step for step, _ in history) for inc, history in trials}
+    assert reached[best] == 40  # the searcher promoted the largest x to the end

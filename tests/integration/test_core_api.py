@@ -223,3 +223,27 @@ def test_asha_rungs_are_the_operations_lengths_and_the_best_is_promoted(tmp_path
     best = max(increment_by for increment_by, _ in trials)
     reached = {inc: max(step for step, _ in history) for inc, history in trials}
     assert reached[best] == 40  # the searcher promoted the largest x to the end
+
+
+def test_two_torch_distributed_processes_report_the_sum_of_their_counters(tmp_path):
+    """Stage 4: two ranks (torchrun, Gloo), rank r adding increment_by * (r + 1) a batch:
+    the chief reports 2 * (1 + 2) * n after n batches, and stores the checkpoint."""
+    proc = subprocess.run(
+        _det_tasks_run(
+            str(EXAMPLES / "distributed.yaml"),
+            "--no-progress",
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoints"),
+        ),
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _reports(proc.stderr) == [(10, 60), (20, 120), (30, 180)]
+    summary = json.loads(proc.stdout.replace("[rank0]:", ""))
+    assert summary["validation"] == {"x": 180} and summary["batches_trained"] == 30
+    state = Path(summary["checkpoint"]) / "state"
+    assert state.read_text() == "30,60,120"  # the batch, then each rank's own counter

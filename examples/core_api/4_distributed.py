@@ -1,0 +1,51 @@
+"""Stage 4 of the Core API tutorial: the counter on several processes.
+
+``entrypoint: python3 -m determined.launch.torch_distributed python3 4_distributed.py``
+with ``resources.slots_per_trial: 2`` starts two processes (torchrun, Gloo on CPU). Rank
+``r`` adds ``increment_by * (r + 1)`` each batch; every 10 batches the ranks sum their
+counters (``allgather``), the chief reports the sum and checkpoints it, and every rank asks
+``should_preempt()`` in step (``PreemptMode.WorkersAskChief``). A continued run's chief
+restores the checkpoint and broadcasts each rank's share."""
+
+import logging
+
+import determined as det
+
+
+def main(core_context: det.core.Context, latest_checkpoint, increment_by: int) -> None:
+    dist = core_context.distributed
+    start = 0
+    counters = [0] * dist.size
+    if dist.rank == 0 and latest_checkpoint is not None:
+        with core_context.checkpoint.restore_path(latest_checkpoint) as path:
+            start, *counters = (int(v) for v in path.joinpath("state").read_text().split(","))
+    start, counters = dist.broadcast((start, counters))
+    x = counters[dist.rank]
+    for batch in range(start, 30):
+        x += increment_by * (dist.rank + 1)
+        steps_completed = batch + 1
+        if steps_completed % 10 == 0:
+            everyone = dist.allgather(x)
+            if dist.rank == 0:
+                core_context.train.report_training_metrics(steps_completed, {"x": sum(everyone)})
+                with core_context.checkpoint.store_path({"steps_completed": steps_completed}) as (
+                    path,
+                    _,
+                ):
+                    path.joinpath("state").write_text(
+                        ",".join(map(str, [steps_completed, *everyone]))
+                    )
+            if core_context.preempt.should_preempt():
+                return
+    everyone = dist.allgather(x)
+    if dist.rank == 0:
+        core_context.train.report_validation_metrics(30, {"x": sum(everyone)})
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
+    info = det.get_cluster_info()
+    assert info is not None, "run it with det-tasks run distributed.yaml"
+    distributed = det.core.DistributedContext.from_torch_distributed()
+    with det.core.init(distributed=distributed) as core_context:
+        main(core_context, info.latest_checkpoint, info.trial.hparams["increment_by"])

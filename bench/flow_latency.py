@@ -265,6 +265,7 @@ def create_phases(det: Any, env: dict[str, str], name: str) -> dict[str, float]:
         "/logs/filter",
         {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 40},
     )
+    _LOG_LINES.append(f"{det.name}, {name}:")
     for log in logs:  # where the flow run's own time goes (--create -v)
         _LOG_LINES.append(f"  {_prefect_time(log['timestamp']) - t0:6.2f} s {log['message'][:110]}")
     return {

@@ -102,11 +102,13 @@ from flows.embedded import (
 )
 from flows.job_settings import check_pool, job_settings
 from flows.lifecycle import continue_lines
-from flows.prefetch import Prefetch
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from registry.experiment_setup import mlflow_link
 from registry.settings import RegistrySettings
 
+# torch, MLflow, Dask and boto3 (~3 s of imports) load where the flow uses them: Prefect's
+# engine imports this module before it sets the flow run Running, and `prefect deploy`
+# imports it for the flow's parameters.
 if TYPE_CHECKING:
     from cluster.placement import Placement
     from flows.chains import TrialChains
@@ -115,25 +117,6 @@ if TYPE_CHECKING:
     from registry.tracking import ExperimentRuns
 
 __all__ = ["experiment", "run_settings"]
-
-# The modules that bring torch, MLflow, Dask and boto3 (~3 s of imports) are imported where
-# they are used. In a worker's flow-run process they load on a thread from here on, while
-# Prefect's engine sets the run Running (flows.prefetch); the flow waits for them first.
-HEAVY_MODULES = (
-    "registry.packages",
-    "det_tasks.runner.trial_setup",
-    "registry.tracking",
-    "registry.activation",
-    "registry.run_states",
-    "registry.searcher_state",
-    "registry.mlflow_services",
-    "cluster.held_trials",
-    "cluster.startup",
-    "cluster.placement",
-    "cluster.steps",
-    "cluster.job_slots",
-)
-_PREFETCH = Prefetch(HEAVY_MODULES)
 
 
 def _expected_trials(cfg: ExperimentConfig, known: int) -> int:
@@ -205,7 +188,6 @@ def experiment(
     experiment runs its code snapshot (registry.experiment_code), taken when it was created;
     ``use_changed_code``: resume with the model folder's code instead, as a new code version.
     """
-    _PREFETCH.wait()  # the heavy modules, loaded meanwhile in a worker's flow run
     from registry.packages import fetch_package
 
     logger = get_run_logger()

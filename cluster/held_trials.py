@@ -624,6 +624,8 @@ def _segment_command(
         cmd += ["--resume", uri]
     if spec.device:
         cmd += ["--device", spec.device]
+    if request.experiment_best is not None:  # a script's get_experiment_best_validation()
+        cmd += ["--experiment-best", repr(float(request.experiment_best))]
     for item in spec.overrides:
         cmd += ["--param", item]
     return cmd

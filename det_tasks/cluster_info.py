@@ -46,6 +46,9 @@ class ClusterInfo:
     # cluster. None: the script decides. test_mode: `det-tasks run --test`.
     searcher_length: dict[str, int] | None = None
     test_mode: bool = False
+    # The experiment's best searcher metric so far, when a search passes it on (a flow's
+    # segment): what core_context.train.get_experiment_best_validation() starts from.
+    experiment_best: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=str)

@@ -101,6 +101,7 @@ def init(
     store = _store(checkpoint_storage, services, info)
     tb_path = _tensorboard_path(services)
     train = TrainContext(sink, control, dist, tb_path, tensorboard_mode, conf.get("searcher"))
+    train.set_experiment_best(info.experiment_best if info is not None else None)
     checkpoint = CheckpointContext(
         store, sink, dist, control, _describer(train, info), steps_required=info is not None
     )

@@ -139,8 +139,9 @@ class TrainContext:
         self._control.early_exit = reason.value
 
     def get_experiment_best_validation(self) -> float | None:
-        """The best ``searcher.metric`` value reported so far: the experiment's best the
-        platform passed to this trial, or this trial's own, whichever is better."""
+        """The best ``searcher.metric`` value reported so far: the experiment's best when
+        this trial's segment started (a search passes it on), or this trial's own since,
+        whichever is better; None before any."""
         return self._best
 
     def set_experiment_best(self, value: float | None) -> None:

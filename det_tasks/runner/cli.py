@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--trial-id", default="1", help=argparse.SUPPRESS)
     run.add_argument("--experiment-run", help=argparse.SUPPRESS)
     run.add_argument("--summary-file", help=argparse.SUPPRESS)
+    run.add_argument("--experiment-best", type=float, help=argparse.SUPPRESS)
     check = sub.add_parser(
         "check-config",
         help="validate an experiment config, import its entrypoint, and print the config",
@@ -249,6 +250,7 @@ def _train_in_process(args: argparse.Namespace) -> Any:
             trial_id=args.trial_id,
             experiment_run_key=args.experiment_run,
             stop_signals=stop,
+            experiment_best=args.experiment_best,
         )
 
 

@@ -72,6 +72,7 @@ def run_trial(
     trial_id: str = "1",
     experiment_run_key: str | None = None,
     stop_signals: StopSignals | None = None,
+    experiment_best: float | None = None,
 ) -> RunResult:
     """Validate the config, build the trial from its entrypoint, and fit it. ``latest_checkpoint``
     may list several checkpoints, newest first: training resumes from the first intact one (the
@@ -92,15 +93,9 @@ def run_trial(
         with in_model_dir(model_dir):
             entry = load_entrypoint(config, model_dir)
         platform = platform_services(
-            raw,
-            config,
-            hparams,
-            model_dir,
-            config_path,
-            checkpoint_dir,
-            trial_id,
+            raw, config, hparams, model_dir, config_path, checkpoint_dir, trial_id,
             experiment_run_key,
-        )
+        )  # fmt: skip
         with platform as services:
             store = checkpoint_store_for(services, raw, checkpoint_dir, config)
             memory = InMemoryMetricsSink()
@@ -108,7 +103,10 @@ def run_trial(
             sink = _sinks(memory, services, bar, extra_sink)
             latest = _absolute_if_path(choose_resume_checkpoint(store, latest_checkpoint))
             run = _RunInputs(config, raw, hparams, model_dir, store, sink, latest, device, trial_id)
-            run = dataclasses.replace(run, stop_signals=stop_signals)  # SIGHUP, SIGTERM
+            # SIGHUP, SIGTERM; the search's best so far (a script's get_experiment_best...)
+            run = dataclasses.replace(
+                run, stop_signals=stop_signals, experiment_best=experiment_best
+            )
             result = _train(run, entry, services, max_length, test_mode)
             if services is None:
                 _apply_retention(config, store, memory)
@@ -189,6 +187,7 @@ class _RunInputs:
     # A trial class stops at a batch boundary on them, with a checkpoint, and raises their
     # SignalStop (its run then ends KILLED with det.state PAUSED).
     stop_signals: StopSignals | None = None
+    experiment_best: float | None = None
 
 
 def load_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
@@ -293,6 +292,7 @@ def _run_script(
         model_dir=str(run.model_dir.resolve()),
         searcher_length=_length_dict(max_length),
         test_mode=test_mode,
+        experiment_best=run.experiment_best,
     )
     memory = next(
         s for s in getattr(run.sink, "sinks", [run.sink]) if isinstance(s, InMemoryMetricsSink)

@@ -263,3 +263,14 @@ def test_determined_core_alias_serves_the_core_api_and_names_what_it_does_not():
         det.core.ProfilerContext  # noqa: B018
     with pytest.raises(AttributeError, match=r"determined\.core\.Nope is not provided.*init"):
         det.core.Nope  # noqa: B018
+
+
+def test_the_experiments_best_passed_on_by_a_search_is_the_starting_best(tmp_path):
+    info = ClusterInfo.from_json(_info(tmp_path, {}, experiment_best=7.0).to_json())
+    assert info.experiment_best == 7.0  # travels in the cluster info file
+    with run_services.provide(_services(tmp_path, info)), core.init() as ctx:
+        assert ctx.train.get_experiment_best_validation() == 7.0
+        ctx.train.report_validation_metrics(10, {"x": 5.0})  # smaller_is_better: false
+        assert ctx.train.get_experiment_best_validation() == 7.0
+        ctx.train.report_validation_metrics(20, {"x": 9.0})
+        assert ctx.train.get_experiment_best_validation() == 9.0

@@ -246,8 +246,13 @@ class JobQueue(SchedulerPlugin):
         return {"key": job.key, "settings": {name: getattr(job, name) for name in SETTINGS}}
 
     def pools(self) -> dict[str, int]:
-        """Each pool's slots."""
+        """Each pool's slots: the pools of the workers there are, and those a plugin starts
+        workers for on demand (``elastic_pool``: cluster.slurm_workers), with 0 slots
+        until it has."""
         names = {worker_pool(ws.resources) for ws in self._workers()}
+        assert self.scheduler is not None
+        elastic = (getattr(p, "elastic_pool", None) for p in self.scheduler.plugins.values())
+        names |= {pool for pool in elastic if isinstance(pool, str)}
         return {name: self.capacity(name) for name in sorted(names)}
 
     def capacity(self, pool: str) -> int:

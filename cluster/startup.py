@@ -107,6 +107,8 @@ def _raise_if_it_failed_to_start(address: str, timeout_s: float = 300.0) -> None
 
 
 def _wait_for_workers(client: Client, n: int, timeout_s: float = 300.0) -> None:
+    if n <= 0:  # workers started on demand (cluster.slurm_workers): the queue asks for them
+        return
     try:
         client.wait_for_workers(n, timeout=timeout_s)
     except TimeoutError:

@@ -63,6 +63,8 @@ class SlurmSite:
     cpus_per_node: int = 2
     memory_mb_per_node: int = 4000
     cluster_name: str = "dettasks"
+    # Folders no compute node may see (a stack's on host 0), beyond the controller's state.
+    hidden: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> SlurmSite:
@@ -218,7 +220,7 @@ def _slurmd(site: SlurmSite, host: int) -> Service:
         "-N",
         name,
     ]
-    hidden = [str(site.root / "ctld"), str(REPO / "tests")]
+    hidden = [str(site.root / "ctld"), str(REPO / "tests"), *site.hidden]
     workdir = f"/tmp/{name}"
     shared = [str(site.root / "site")]
     wrapped = netns.host_argv(site.network, host, name, workdir, hidden, argv, shared)

@@ -11,6 +11,7 @@ puts this installation's ``det`` and ``det-tasks`` on PATH).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import socket
@@ -20,6 +21,7 @@ import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cluster.environment import EXPECTED_WORKERS_ENV as WAIT_WORKERS_ENV
 from infra import dask_cluster, deployments, postgres
 from infra.postgres import postgres_urls
 from infra.seaweed import ensure_bucket, s3_credentials, seaweed_service
@@ -55,6 +57,7 @@ __all__ = [
 ]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by cluster.startup
+SLURM_WORKERS_ENV = "DET_TASKS_SLURM_WORKERS"  # read by cluster.slurm_workers
 
 # Seconds an MLflow server worker may leave uvicorn's health ping unanswered (default 5).
 MLFLOW_WORKER_HEALTHCHECK_S = 120
@@ -99,6 +102,8 @@ def env_for(config: StackConfig) -> dict[str, str]:
         "DET_TASKS_MLFLOW_ARTIFACTS": f"s3://{BUCKET}/{ARTIFACTS_PREFIX}",
         "PREFECT_API_URL": config.prefect_api,
         SCHEDULER_ENV: dask_cluster.scheduler_address(config.dask_port, config.host),
+        # Workers that Slurm starts on demand: a flow waits for none before it queues.
+        **({WAIT_WORKERS_ENV: "0"} if config.slurm_workers else {}),
     }
 
 
@@ -407,8 +412,24 @@ def _dask_services(config: StackConfig) -> list[Service]:
     workers = dask_cluster.worker_services(
         config.root, address, env_for(config), config.dask_workers
     )
-    scheduler = dask_cluster.scheduler_service(config.root, config.dask_port, config.host)
+    scheduler = dask_cluster.scheduler_service(
+        config.root, config.dask_port, config.host, *_slurm_workers(config)
+    )
     return [scheduler, *workers]
+
+
+def _slurm_workers(config: StackConfig) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The scheduler's preload and settings for Dask workers as Slurm jobs
+    (cluster.slurm_workers), each job given this stack's client variables; none without
+    ``slurm_workers``."""
+    if not config.slurm_workers:
+        return (), {}
+    settings = json.loads(config.slurm_workers)
+    settings["env"] = {**env_for(config), **settings.get("env", {})}
+    env = {SLURM_WORKERS_ENV: json.dumps(settings)}  # the scheduler's, with the env added
+    if settings.get("slurm_conf"):
+        env["SLURM_CONF"] = settings["slurm_conf"]
+    return ("cluster.slurm_workers",), env
 
 
 def down(config: StackConfig | None = None) -> None:

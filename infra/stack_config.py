@@ -49,6 +49,9 @@ class StackConfig:
     # Dask workers started with the stack on this host; None: DET_TASKS_DASK_WORKERS
     # (default 2). 0 when the workers run on other hosts.
     dask_workers: int | None = None
+    # Dask workers as Slurm jobs (cluster/slurm_workers.py): their settings as JSON
+    # (``SlurmWorkerSettings``), DET_TASKS_SLURM_WORKERS; None: no Slurm.
+    slurm_workers: str | None = None
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -66,6 +69,7 @@ class StackConfig:
             seaweed_grpc_shift=int(os.environ.get("DET_TASKS_SEAWEED_GRPC_SHIFT", 10000)),
             host=os.environ.get("DET_TASKS_STACK_HOST") or "127.0.0.1",
             auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
+            slurm_workers=os.environ.get("DET_TASKS_SLURM_WORKERS") or None,
             postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
             if os.environ.get("DET_TASKS_POSTGRES_PORT")
             else None,

@@ -16,7 +16,7 @@ from cluster.pools import worker_pool
 def _queue(*resources: dict[str, float]) -> JobQueue:
     queue = JobQueue()
     workers = {f"w{i}": types.SimpleNamespace(resources=r) for i, r in enumerate(resources)}
-    scheduler = types.SimpleNamespace(workers=workers, handlers={})
+    scheduler = types.SimpleNamespace(workers=workers, handlers={}, plugins={})
     asyncio.run(queue.start(scheduler))  # type: ignore[arg-type]
     return queue
 

@@ -1,0 +1,270 @@
+"""Dask workers as Slurm jobs: a scheduler plugin that asks Slurm, through dask-jobqueue's
+``SLURMJob``, for as many det-tasks worker jobs as the job queue's experiments want, and
+gives back the ones that sit idle.
+
+Slurm decides which nodes the platform gets; the job queue (``cluster.job_queue``) still
+decides which trials run on them. Every ``TICK_S`` the plugin adds the slots the queue's
+active experiments want in its pool (their running trials and those waiting, within each
+experiment's ``max_slots``), submits worker jobs up to that (and ``max_jobs``), cancels
+jobs still pending in Slurm that are no longer wanted, and retires a worker that has run no
+step for ``idle_after_s`` when fewer are wanted than run: adaptive, from zero when idle.
+A job Slurm ended (``scancel``, a time limit, a lost node) is forgotten once ``squeue`` no
+longer lists it, and another is submitted if its slot is still wanted; its trial resumes
+from its last checkpoint, as after any lost worker.
+
+Each job runs one worker as the stack's workers run (``cluster.worker_spec``), with the
+stack's client variables exported, and asks for Slurm's warning signal before its time
+limit (``--signal``): the worker then closes, and its trial resumes from its last
+checkpoint on another worker (``cluster.held_trials``).
+The scheduler reads its settings from ``DET_TASKS_SLURM_WORKERS`` (JSON,
+``SlurmWorkerSettings``) when it preloads this module (``--preload cluster.slurm_workers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from distributed import Scheduler, SchedulerPlugin
+
+from cluster.job_queue import JOB_QUEUE_NAME
+from cluster.pools import DEFAULT_POOL
+from cluster.worker_spec import WorkerSpec
+
+__all__ = [
+    "SETTINGS_ENV",
+    "SLURM_WORKERS_NAME",
+    "SlurmWorkerSettings",
+    "SlurmWorkers",
+    "dask_setup",
+    "wanted_slots",
+]
+
+# Under "distributed": the scheduler's log shows it at Dask's own level (INFO).
+logger = logging.getLogger("distributed.det_tasks.slurm_workers")
+SETTINGS_ENV = "DET_TASKS_SLURM_WORKERS"
+SLURM_WORKERS_NAME = "det-tasks-slurm-workers"
+TICK_S = 2.0
+JOB_NAME_PREFIX = "det-worker"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmWorkerSettings:
+    """What each worker job asks Slurm for and how many may run. ``sbatch_args`` are
+    Determined's ``slurm.sbatch_args``: passed to ``sbatch`` as they are. ``env``: the
+    client variables (MLflow, S3) every worker needs, exported in the job script."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    walltime: str = "24:00:00"
+    cores: int = 1
+    memory: str = "4GB"
+    gpus: int = 0
+    gpu_type: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    max_jobs: int = 8
+    idle_after_s: float = 60.0
+    # Slurm's warning before a job's time limit: SIGTERM to the worker (the job script
+    # execs it), which closes and gives its trial back; it resumes from its last
+    # checkpoint on another worker.
+    warning_s: int = 120
+    pool: str = DEFAULT_POOL
+    python: str = sys.executable
+    local_directory: str = "/tmp"
+    output_dir: str | None = None
+    slurm_conf: str | None = None  # the site's slurm.conf, where it is not the default
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, text: str) -> SlurmWorkerSettings:
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"{SETTINGS_ENV}: unknown setting(s) {sorted(unknown)}")
+        data["sbatch_args"] = tuple(data.get("sbatch_args", ()))
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    def directives(self) -> list[str]:
+        """``#SBATCH`` options beyond dask-jobqueue's own (name, partition, CPUs, memory,
+        time): account, QoS, GPUs, the warning signal, output, the site's own."""
+        extra = [f"--signal=B:TERM@{self.warning_s}"]
+        if self.account:
+            extra.append(f"--account={self.account}")
+        if self.qos:
+            extra.append(f"--qos={self.qos}")
+        if self.gpus:
+            kind = f"{self.gpu_type}:" if self.gpu_type else ""
+            extra.append(f"--gres=gpu:{kind}{self.gpus}")
+        if self.output_dir:
+            extra.append(f"--output={self.output_dir}/{JOB_NAME_PREFIX}-%j.log")
+        return extra + list(self.sbatch_args)
+
+    def worker_spec(self) -> WorkerSpec:
+        gpus = tuple(range(self.gpus)) if self.gpus else None
+        return WorkerSpec(
+            threads=self.cores, gpus=gpus, pool=self.pool, preload=("cluster.held_trials",)
+        )
+
+
+def wanted_slots(jobs: list[Any], pool: str) -> int:
+    """Slots the queue's active (not paused) experiments of ``pool`` want: each one's
+    running and waiting trials, times their slots per trial, within its ``max_slots``."""
+    total = 0
+    for job in jobs:
+        if job.paused or job.pool != pool:
+            continue
+        slots = job.need * (len(job.running) + len(job.waiting))
+        total += min(slots, job.max_slots) if job.max_slots else slots
+    return total
+
+
+class SlurmWorkers(SchedulerPlugin):
+    """The scheduler's worker jobs: submitted, cancelled and retired to follow demand."""
+
+    name = SLURM_WORKERS_NAME
+    idempotent = True
+
+    def __init__(self, settings: SlurmWorkerSettings) -> None:
+        self.settings = settings
+        self.jobs: dict[str, Any] = {}  # job name -> dask-jobqueue SLURMJob
+        self.idle_since: dict[str, float] = {}  # worker name -> when it last ran nothing
+        self.scheduler: Scheduler | None = None
+        self._serial = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, scheduler: Scheduler) -> None:
+        """Start adapting; once: a preloaded plugin is started on registration and again
+        with the scheduler."""
+        self.scheduler = scheduler
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await asyncio.gather(*(job.close() for job in self.jobs.values()), return_exceptions=True)
+        self.jobs.clear()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.adapt()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a refused sbatch, a slow squeue: logged, tried again
+                logger.exception("adapting the Slurm worker jobs failed; trying again")
+            await asyncio.sleep(TICK_S)
+
+    @property
+    def elastic_pool(self) -> str:
+        """The pool it starts workers for: the job queue lists it with no worker yet."""
+        return self.settings.pool
+
+    def wanted(self) -> int:
+        assert self.scheduler is not None
+        queue = self.scheduler.plugins.get(JOB_QUEUE_NAME)
+        jobs = list(getattr(queue, "jobs", {}).values())
+        return min(wanted_slots(jobs, self.settings.pool), self.settings.max_jobs)
+
+    async def adapt(self) -> None:
+        await self._forget_ended_jobs()
+        wanted, have = self.wanted(), len(self.jobs)
+        if wanted > have:
+            logger.info("%d worker slot(s) wanted, %d job(s) held: submitting", wanted, have)
+        for _ in range(wanted - have):
+            await self._submit()
+        if wanted < have:
+            await self._release(have - wanted)
+
+    async def _submit(self) -> None:
+        from dask_jobqueue.slurm import SLURMJob
+
+        assert self.scheduler is not None
+        self._serial += 1
+        name = f"{JOB_NAME_PREFIX}-{os.getpid()}-{self._serial}"
+        settings, spec = self.settings, self.settings.worker_spec()
+        job = SLURMJob(
+            scheduler=self.scheduler.address,
+            name=name,
+            job_name=name,
+            queue=settings.partition,
+            cores=settings.cores,
+            memory=settings.memory,
+            processes=1,
+            walltime=settings.walltime,
+            # exec: the worker replaces the job's shell, so Slurm's signals reach it.
+            python=f"exec {shlex.quote(settings.python)}",
+            local_directory=settings.local_directory,
+            job_extra_directives=settings.directives(),
+            worker_extra_args=spec.cli_args(),
+            job_script_prologue=[
+                f"export {k}={shlex.quote(v)}"
+                for k, v in {**settings.env, **spec.cli_env()}.items()
+            ],
+        )
+        await job.start()
+        self.jobs[name] = job
+        logger.info("Slurm worker job %s submitted for %s", job.job_id, name)
+
+    async def _release(self, count: int) -> None:
+        """Cancel ``count`` jobs: first those Slurm has not started a worker for, then
+        workers idle for ``idle_after_s``."""
+        assert self.scheduler is not None
+        now = time.monotonic()
+        joined = {ws.name: ws for ws in self.scheduler.workers.values()}
+        for ws in joined.values():
+            if ws.processing:
+                self.idle_since.pop(str(ws.name), None)
+            else:
+                self.idle_since.setdefault(str(ws.name), now)
+        pending = [name for name in self.jobs if name not in joined]
+        idle = [
+            name for name in self.jobs
+            if name in joined and now - self.idle_since.get(name, now) >= self.settings.idle_after_s
+        ]  # fmt: skip
+        for name in (pending + idle)[:count]:
+            if name in joined:
+                await self.scheduler.retire_workers(workers=[joined[name].address])
+            await self.jobs.pop(name).close()
+            self.idle_since.pop(name, None)
+            logger.info("Slurm worker job for %s released: no longer wanted", name)
+
+    async def _forget_ended_jobs(self) -> None:
+        """Drop jobs Slurm no longer lists (cancelled, timed out, node lost)."""
+        if not self.jobs:
+            return
+        ids = ",".join(str(job.job_id) for job in self.jobs.values())
+        proc = await asyncio.create_subprocess_exec(
+            "squeue", "--noheader", "--format=%i", f"--jobs={ids}",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        if proc.returncode != 0 and b"Invalid job id" not in err:
+            logger.warning("squeue failed: %s", err.decode(errors="replace").strip())
+            return
+        listed = set(out.decode().split())
+        for name, job in list(self.jobs.items()):
+            if str(job.job_id) not in listed:
+                logger.info("Slurm worker job %s (%s) has ended", job.job_id, name)
+                del self.jobs[name]
+
+
+async def dask_setup(scheduler: Scheduler) -> None:
+    """``--preload cluster.slurm_workers``: the plugin, with the scheduler's settings."""
+    text = os.environ.get(SETTINGS_ENV)
+    if not text:
+        raise RuntimeError(f"{SETTINGS_ENV} is not set: the Slurm worker jobs' settings")
+    await scheduler.register_scheduler_plugin(
+        SlurmWorkers(SlurmWorkerSettings.from_json(text)), name=SLURM_WORKERS_NAME, idempotent=True
+    )

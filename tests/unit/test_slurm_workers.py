@@ -1,0 +1,93 @@
+"""cluster.slurm_workers without a Slurm: the slots the queue wants, the settings' round
+trip and refusals, and the job script a worker job is submitted with."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import pytest
+
+from cluster.slurm_workers import SlurmWorkerSettings, wanted_slots
+
+
+@dataclasses.dataclass
+class _Job:
+    pool: str = "default"
+    need: int = 1
+    running: dict[int, float] = dataclasses.field(default_factory=dict)
+    waiting: tuple[int, ...] = ()
+    paused: bool = False
+    max_slots: int | None = None
+
+
+def test_wanted_slots_count_running_and_waiting_trials_within_max_slots() -> None:
+    jobs = [
+        _Job(running={1: 0.0}, waiting=(2, 3)),  # 3
+        _Job(need=2, running={1: 0.0}, waiting=(2,), max_slots=2),  # 4, capped at 2
+        _Job(waiting=(1, 2), paused=True),  # paused: none
+        _Job(pool="gpu", waiting=(1,)),  # another pool
+    ]
+    assert wanted_slots(jobs, "default") == 5  # type: ignore[arg-type]
+    assert wanted_slots(jobs, "gpu") == 1  # type: ignore[arg-type]
+    assert wanted_slots([], "default") == 0
+
+
+def test_settings_round_trip_and_an_unknown_setting_is_named() -> None:
+    settings = SlurmWorkerSettings(partition="batch", sbatch_args=("--exclusive",), env={"A": "1"})
+    assert SlurmWorkerSettings.from_json(settings.to_json()) == settings
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['partiton'\]"):
+        SlurmWorkerSettings.from_json('{"partiton": "batch"}')
+
+
+def test_directives_carry_account_qos_gres_warning_and_the_sites_own_args() -> None:
+    settings = SlurmWorkerSettings(
+        account="ml", qos="high", gpus=2, gpu_type="a100", warning_s=90,
+        sbatch_args=("--exclusive", "--constraint=ib"),
+    )  # fmt: skip
+    assert settings.directives() == [
+        "--signal=B:TERM@90", "--account=ml", "--qos=high", "--gres=gpu:a100:2",
+        "--exclusive", "--constraint=ib",
+    ]  # fmt: skip
+
+
+def test_the_job_script_runs_one_det_tasks_worker_in_place_of_its_shell() -> None:
+    from dask_jobqueue.slurm import SLURMJob
+
+    settings = SlurmWorkerSettings(
+        partition="batch", walltime="00:30:00", env={"MLFLOW_TRACKING_URI": "http://h:5000"}
+    )
+    spec = settings.worker_spec()
+    job = SLURMJob(
+        scheduler="tcp://10.0.0.1:8786", name="det-worker-1", queue=settings.partition,
+        cores=settings.cores, memory=settings.memory, processes=1, walltime=settings.walltime,
+        python=f"exec {settings.python}", job_extra_directives=settings.directives(),
+        worker_extra_args=spec.cli_args(),
+        job_script_prologue=[f"export {k}={shlex.quote(v)}" for k, v in settings.env.items()],
+    )  # fmt: skip
+    script = job.job_script()
+    assert "#SBATCH -p batch" in script and "#SBATCH -t 00:30:00" in script
+    assert "#SBATCH --signal=B:TERM@120" in script
+    assert "export MLFLOW_TRACKING_URI=http://h:5000" in script
+    command = next(line for line in script.splitlines() if "dask_worker" in line)
+    argv = shlex.split(command)
+    assert argv[0] == "exec"
+    # The spec's options come last, so they win over dask-jobqueue's own.
+    assert argv[-len(spec.cli_args()) :] == spec.cli_args()
+    assert "cluster.held_trials" in argv and "pool-default=1" in command
+
+
+def test_the_queue_lists_a_pool_workers_are_started_for_on_demand_with_no_slot_yet() -> None:
+    """A flow refuses a pool the cluster does not have; a pool whose workers Slurm starts
+    when the queue wants them exists before its first worker does."""
+    from types import SimpleNamespace
+
+    from cluster.job_queue import JobQueue
+    from cluster.slurm_workers import SLURM_WORKERS_NAME, SlurmWorkers
+
+    queue = JobQueue()
+    queue.scheduler = SimpleNamespace(workers={}, plugins={})  # type: ignore[assignment]
+    assert queue.pools() == {}
+    elastic = SlurmWorkers(SlurmWorkerSettings(pool="hpc"))
+    queue.scheduler.plugins[SLURM_WORKERS_NAME] = elastic  # type: ignore[union-attr]
+    assert queue.pools() == {"hpc": 0}

@@ -18,6 +18,7 @@ from det_tasks.cluster_info import ClusterInfo
 from det_tasks.core._checkpoint import CheckpointContext
 from det_tasks.core._preempt import PreemptContext, PreemptMode
 from det_tasks.core._searcher import SearcherContext, configured_length
+from det_tasks.core._tensorboard import scalar_writer
 from det_tasks.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, InvalidHP
@@ -61,6 +62,7 @@ class Context:
         try:
             self.checkpoint.close()
         finally:
+            self.train.close()
             self.distributed.close()
 
     def __exit__(
@@ -100,7 +102,11 @@ def init(
     sink: MetricsSink = (services.metrics_sink if services else None) or InMemoryMetricsSink()
     store = _store(checkpoint_storage, services, info)
     tb_path = _tensorboard_path(services)
-    train = TrainContext(sink, control, dist, tb_path, tensorboard_mode, conf.get("searcher"))
+    auto = TensorboardMode(tensorboard_mode) == TensorboardMode.AUTO and dist.rank == 0
+    events = scalar_writer(services.tensorboard_dir if services and auto else None)
+    train = TrainContext(
+        sink, control, dist, tb_path, tensorboard_mode, conf.get("searcher"), events
+    )
     train.set_experiment_best(info.experiment_best if info is not None else None)
     checkpoint = CheckpointContext(
         store, sink, dist, control, _describer(train, info), steps_required=info is not None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from det_tasks.core._tensorboard import ScalarWriter
 from det_tasks.distributed import DistributedContext
 from det_tasks.run_services import TrialControl
 from det_tasks.sinks import MetricsSink
@@ -48,6 +49,7 @@ class TrainContext:
         tensorboard_path: Path,
         tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
         searcher: dict[str, Any] | None = None,
+        events: ScalarWriter | None = None,
     ) -> None:
         self._sink = sink
         self._control = control
@@ -57,6 +59,7 @@ class TrainContext:
         self._metric = (searcher or {}).get("metric")
         self._smaller_is_better = bool((searcher or {}).get("smaller_is_better", True))
         self._best: float | None = None
+        self._events = events  # AUTO mode on the platform: the reports as scalars too
         self.last_validation: tuple[int, dict[str, Any]] | None = None
         self.status: str | None = None
 
@@ -75,6 +78,8 @@ class TrainContext:
         if batch_metrics is not None:
             log.debug("batch_metrics at %d: %s", steps, batch_metrics)
         self._sink.report_training(steps, metrics)
+        if self._events is not None:
+            self._events.training(steps, metrics, batch_metrics)
         progress = getattr(self._sink, "report_progress", None)
         if progress is not None:
             progress(steps, float(epochs) if epochs is not None else 0.0)
@@ -93,6 +98,8 @@ class TrainContext:
             log.warning("removed non-serializable metrics: %s", sorted(set(metrics) - set(kept)))
         log.info("report_validation_metrics(steps_completed=%d, metrics=%s)", steps, kept)
         self._sink.report_validation(steps, kept)
+        if self._events is not None:
+            self._events.validation(steps, kept)
         self.last_validation = (steps, dict(kept))
         self._note_best(kept)
         self._control.reached(steps)
@@ -169,6 +176,10 @@ class TrainContext:
                 "the files you want kept there"
             )
         log.info("TensorBoard files in %s are stored with the run when it ends", self._tb_path)
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
 
     def set_status(self, status: str) -> None:
         """A short note of what the trial is doing (logged; kept as ``.status``)."""

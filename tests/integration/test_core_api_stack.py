@@ -1,7 +1,7 @@
 """Issue 52 (first slice) on the real stack (MLflow + SeaweedFS S3): a Core API script run
 by ``det-tasks run`` reports to its trial's MLflow run and stores its checkpoints in S3
 with the records a PyTorchTrial's get; ``latest_checkpoint`` (a ``runs:/`` URI) resumes
-it exactly."""
+it exactly. TensorBoard scalars of its reports are stored with the run."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_core_api_script_reports_to_mlflow_and_s3_and_resumes_exactly(stack, tmp
     run = client.get_run(run_id)
     assert (run.info.status, run.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
     assert first.checkpoint_uri == records[-1]["uri"]
+    events = [a.path for a in client.list_artifacts(run_id, "tensorboard")]
+    assert events and all(p.startswith("tensorboard/events.out.tfevents") for p in events)
 
     middle = records[1]["uri"]  # continue from batch 20, to 50 batches
     second = run_trial(

@@ -274,3 +274,29 @@ def test_the_experiments_best_passed_on_by_a_search_is_the_starting_best(tmp_pat
         assert ctx.train.get_experiment_best_validation() == 7.0
         ctx.train.report_validation_metrics(20, {"x": 9.0})
         assert ctx.train.get_experiment_best_validation() == 9.0
+
+
+def test_auto_tensorboard_mode_writes_determineds_tags_into_the_platforms_folder(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    services = _services(tmp_path, _info(tmp_path, {}), tensorboard_dir=str(tb))
+    with run_services.provide(services), core.init() as ctx:
+        assert ctx.train.get_tensorboard_path() == tb
+        ctx.train.report_training_metrics(4, {"loss": 0.5}, batch_metrics=[{"loss": 1.0}] * 2)
+        ctx.train.report_training_metrics(8, {"loss": 0.25, "lr": 0.1})
+        ctx.train.report_validation_metrics(8, {"x": 3, "val_acc": 0.9})
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    scalars = {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
+    assert scalars == {
+        "Determined/loss": [(2, 1.0), (3, 1.0), (8, 0.25)],
+        "Determined/lr": [(8, pytest.approx(0.1))],
+        "Determined/val_x": [(8, 3.0)],
+        "Determined/val_acc": [(8, pytest.approx(0.9))],
+    }
+    manual = _services(tmp_path, _info(tmp_path, {}), tensorboard_dir=str(tmp_path / "tb2"))
+    with run_services.provide(manual), core.init(tensorboard_mode=core.TensorboardMode.MANUAL) as c:
+        c.train.report_training_metrics(1, {"loss": 1.0})
+        c.train.upload_tensorboard_files()
+    assert not (tmp_path / "tb2").exists()  # MANUAL: the script writes its own files

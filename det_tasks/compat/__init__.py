@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from det_tasks import pytorch
+from det_tasks.compat import _names
 
 __all__ = ["install", "is_installed", "load_trial_from_checkpoint_path"]
 
@@ -45,11 +46,16 @@ class _Refuser(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname.startswith(_PREFIX + ".") and is_installed() and fullname not in sys.modules:
+            hint = _names.hint(fullname)
             raise ImportError(
-                f"{fullname} is not provided by det_tasks' Determined compatibility layer; "
-                "it serves determined, determined.pytorch (+ samplers, experimental), "
-                "determined.core (DistributedContext), "
-                "determined.tensorboard.metric_writers.pytorch"
+                f"{fullname} is not provided by det_tasks' Determined compatibility layer"
+                + (
+                    f": {hint}"
+                    if hint
+                    else "; it serves determined, determined.pytorch (+ samplers, "
+                    "experimental), determined.core (the Core API), "
+                    "determined.tensorboard.metric_writers.pytorch"
+                )
             )
         return None
 

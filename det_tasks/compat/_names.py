@@ -16,7 +16,14 @@ from typing import Any, NoReturn
 
 from det_tasks.errors import ConfigError, TrialError
 
-__all__ = ["LOG_FORMAT", "UNSUPPORTED", "errors_module", "missing_attribute", "unsupported"]
+__all__ = [
+    "LOG_FORMAT",
+    "UNSUPPORTED",
+    "errors_module",
+    "hint",
+    "missing_attribute",
+    "unsupported",
+]
 
 # The format Determined's log viewer parses (level, process id, logger name); user scripts
 # pass it to logging.basicConfig(format=det.LOG_FORMAT).
@@ -60,6 +67,11 @@ _SUBPACKAGES = {
     "(dummy) parts itself: use core.init()",
     "determined.core.DummySearcherContext": "core.init() off the platform gives the local "
     "(dummy) parts itself: use core.init()",
+    "determined.experimental": "neither its client (use MLflow's client, or `det`, for "
+    "experiment queries) nor core_v2 (unmanaged runs: run the script with `det-tasks run "
+    "CONFIG` and det.core.init()) is supported",
+    "determined.transformers": "the Hugging Face DetCallback is not supported yet: report "
+    "from a TrainerCallback with det.core.init()'s core_context.train and checkpoint",
 }
 
 
@@ -83,6 +95,11 @@ def unsupported(name: str) -> type:
             "__module__": "determined",
         },
     )
+
+
+def hint(fullname: str) -> str | None:
+    """What to use instead of the ``determined.*`` name ``fullname``, where one is known."""
+    return _SUBPACKAGES.get(fullname)
 
 
 def missing_attribute(module: str, served: list[str]) -> Any:

@@ -300,3 +300,18 @@ def test_auto_tensorboard_mode_writes_determineds_tags_into_the_platforms_folder
         c.train.report_training_metrics(1, {"loss": 1.0})
         c.train.upload_tensorboard_files()
     assert not (tmp_path / "tb2").exists()  # MANUAL: the script writes its own files
+
+
+@pytest.mark.parametrize(
+    ("statement", "says"),
+    [
+        ("from determined.core import ProfilerContext", "profiler is not supported"),
+        ("import determined.transformers", "DetCallback is not supported yet"),
+        ("from determined.experimental import core_v2", "core_v2 .*is supported"),
+        ("from determined.core import DummyTrainContext", "use core.init"),
+    ],
+)
+def test_core_names_not_built_are_refused_naming_what_to_use(statement, says):
+    compat.install()
+    with pytest.raises(ImportError, match=says):
+        exec(statement)

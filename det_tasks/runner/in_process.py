@@ -319,9 +319,12 @@ def _run_script(
     if services.control.claimed:  # a Core API script: it answered stop requests itself
         _settle_core_script(run, services, max_length)
         reference = run.store.uri(uuid) if uuid else None
-        if run.stop_signals is not None:
+        # Stopped only if it acknowledged the request (should_preempt() returned True to
+        # it): one that ran on to its end has finished, as in Determined.
+        if run.stop_signals is not None and services.control.acknowledged:
             run.stop_signals.raise_if_stopped(steps, reference)
-        stop_requests.raise_if_requested(services.control, steps, reference)
+        if services.control.acknowledged:
+            stop_requests.raise_if_requested(services.control, steps, reference)
     return steps, uuid, validation
 
 
@@ -352,7 +355,7 @@ def _settle_core_script(
     if control.early_exit == "EXITED_REASON_INVALID_HP":
         raise InvalidHP("the script reported an early exit: invalid hyperparameters")
     trained = control.steps_completed
-    stopped = control.stop.is_set() or control.acknowledged
+    stopped = control.acknowledged
     value = max_length.value if isinstance(max_length, Batch) else None
     batches = value if isinstance(value, int) else None
     length = batches if batches is not None or stopped else trained

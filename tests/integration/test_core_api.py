@@ -247,3 +247,34 @@ def test_two_torch_distributed_processes_report_the_sum_of_their_counters(tmp_pa
     assert summary["validation"] == {"x": 180} and summary["batches_trained"] == 30
     state = Path(summary["checkpoint"]) / "state"
     assert state.read_text() == "30,60,120"  # the batch, then each rank's own counter
+
+
+def test_a_script_that_never_asks_should_preempt_runs_to_its_end_on_sigterm(tmp_path):
+    """Determined's rule: a stop request the script never acknowledged does not make its
+    end a pause (a second SIGTERM would stop it at once)."""
+    (tmp_path / "train.py").write_text(
+        "import pathlib, time\nimport determined as det\n"
+        "with det.core.init() as core_context:\n"
+        "    pathlib.Path('inside').touch()\n"
+        "    for step in range(1, 31):\n"
+        "        time.sleep(0.1)\n"
+        "        if step % 10 == 0:\n"
+        "            core_context.train.report_validation_metrics(step, {'x': step})\n"
+    )
+    (tmp_path / "exp.yaml").write_text(
+        "entrypoint: python3 train.py\nsearcher: {name: single, metric: x}\n"
+    )
+    proc = subprocess.Popen(
+        _det_tasks_run(str(tmp_path / "exp.yaml"), "--no-progress", "--checkpoint-dir", "c"),
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while proc.poll() is None and not (tmp_path / "inside").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert json.loads(stdout)["validation"] == {"x": 30}

@@ -64,6 +64,7 @@ class _Job:
     preempting: set[int] = dataclasses.field(default_factory=set)
     paused: bool = False
     pending: bool = False  # queued by `det experiment create`; its flow has not reported yet
+    slurm: dict[str, Any] | None = None  # its worker jobs' `slurm:` (cluster.slurm_workers)
     reason: str = ""
 
     def demand(self) -> JobDemand:
@@ -191,6 +192,7 @@ class JobQueue(SchedulerPlugin):
         job.need = int(report.get("need", job.need))
         job.max_trials = int(report.get("max_trials", job.max_trials))
         job.client = report.get("client", job.client)
+        job.slurm = report.get("slurm", job.slurm)
         settings = {**report, **self.overrides.get(key, {})}
         job.priority = int(settings.get("priority", DEFAULT_PRIORITY))
         job.weight = float(settings.get("weight", 1.0))

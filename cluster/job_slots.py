@@ -40,6 +40,7 @@ class JobSettings:
     max_slots: int | None = None
     need: int = 1
     max_trials: int = 1
+    slurm: dict[str, Any] | None = None  # the config's `slurm:` (cluster.slurm_workers)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ import os
 import shlex
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from distributed import Scheduler, SchedulerPlugin
@@ -43,6 +44,7 @@ __all__ = [
     "SLURM_WORKERS_NAME",
     "SlurmWorkerSettings",
     "SlurmWorkers",
+    "check_slurm",
     "dask_setup",
     "wanted_slots",
 ]
@@ -53,6 +55,7 @@ SETTINGS_ENV = "DET_TASKS_SLURM_WORKERS"
 SLURM_WORKERS_NAME = "det-tasks-slurm-workers"
 TICK_S = 2.0
 JOB_NAME_PREFIX = "det-worker"
+CHECK_HANDLER = "det_slurm_check"  # a flow asks it before its first trial (check_slurm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,24 @@ class SlurmWorkerSettings:
             extra.append(f"--output={self.output_dir}/{JOB_NAME_PREFIX}-%j.log")
         return extra + list(self.sbatch_args)
 
+    def for_experiment(self, slurm: dict[str, Any] | None) -> SlurmWorkerSettings:
+        """These settings with an experiment's ``slurm:`` section over them: its
+        ``slots_per_node`` are GPUs per job where jobs get GPUs (the site's ``gpus``, or a
+        ``gpu_type``), else CPUs; its ``sbatch_args`` follow the site's."""
+        if not slurm:
+            return self
+        gpu_type = slurm.get("gpu_type") or self.gpu_type
+        slots = slurm.get("slots_per_node")
+        gpus, cores = self.gpus, self.cores
+        if self.gpus or slurm.get("gpu_type"):
+            gpus = slots or max(self.gpus, 1)
+        elif slots:
+            cores = slots
+        return dataclasses.replace(
+            self, gpus=gpus, cores=cores, gpu_type=gpu_type,
+            sbatch_args=(*self.sbatch_args, *slurm.get("sbatch_args", ())),
+        )  # fmt: skip
+
     def worker_spec(self) -> WorkerSpec:
         gpus = tuple(range(self.gpus)) if self.gpus else None
         return WorkerSpec(
@@ -120,13 +141,31 @@ class SlurmWorkerSettings:
 def wanted_slots(jobs: list[Any], pool: str) -> int:
     """Slots the queue's active (not paused) experiments of ``pool`` want: each one's
     running and waiting trials, times their slots per trial, within its ``max_slots``."""
-    total = 0
+    return sum(wanted_by_shape(jobs, pool).values())
+
+
+def shape_of(slurm: dict[str, Any] | None) -> str:
+    """One key per distinct ``slurm:`` section: jobs of one shape serve any of them."""
+    return json.dumps(slurm or {}, sort_keys=True)
+
+
+def wanted_by_shape(jobs: list[Any], pool: str) -> Counter[str]:
+    """``wanted_slots`` per job shape (``shape_of`` the experiment's ``slurm:``)."""
+    wanted: Counter[str] = Counter()
     for job in jobs:
         if job.paused or job.pool != pool:
             continue
         slots = job.need * (len(job.running) + len(job.waiting))
-        total += min(slots, job.max_slots) if job.max_slots else slots
-    return total
+        wanted[shape_of(job.slurm)] += min(slots, job.max_slots) if job.max_slots else slots
+    return wanted
+
+
+def _capped(wanted: Counter[str], cap: int) -> Counter[str]:
+    """At most ``cap`` jobs in all, shared out shape by shape in a fixed order."""
+    capped: Counter[str] = Counter()
+    for shape in sorted(wanted):
+        capped[shape] = min(wanted[shape], cap - sum(capped.values()))
+    return +capped
 
 
 class SlurmWorkers(SchedulerPlugin):
@@ -137,7 +176,7 @@ class SlurmWorkers(SchedulerPlugin):
 
     def __init__(self, settings: SlurmWorkerSettings) -> None:
         self.settings = settings
-        self.jobs: dict[str, Any] = {}  # job name -> dask-jobqueue SLURMJob
+        self.jobs: dict[str, tuple[Any, str]] = {}  # job name -> (SLURMJob, shape_of)
         self.idle_since: dict[str, float] = {}  # worker name -> when it last ran nothing
         self.scheduler: Scheduler | None = None
         self._serial = 0
@@ -147,13 +186,15 @@ class SlurmWorkers(SchedulerPlugin):
         """Start adapting; once: a preloaded plugin is started on registration and again
         with the scheduler."""
         self.scheduler = scheduler
+        scheduler.handlers[CHECK_HANDLER] = self.check
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        await asyncio.gather(*(job.close() for job in self.jobs.values()), return_exceptions=True)
+        closing = (job.close() for job, _ in self.jobs.values())
+        await asyncio.gather(*closing, return_exceptions=True)
         self.jobs.clear()
 
     async def _run(self) -> None:
@@ -171,30 +212,38 @@ class SlurmWorkers(SchedulerPlugin):
         """The pool it starts workers for: the job queue lists it with no worker yet."""
         return self.settings.pool
 
-    def wanted(self) -> int:
+    def wanted(self) -> Counter[str]:
+        """Worker jobs wanted per shape, within ``max_jobs``."""
         assert self.scheduler is not None
         queue = self.scheduler.plugins.get(JOB_QUEUE_NAME)
         jobs = list(getattr(queue, "jobs", {}).values())
-        return min(wanted_slots(jobs, self.settings.pool), self.settings.max_jobs)
+        return _capped(wanted_by_shape(jobs, self.settings.pool), self.settings.max_jobs)
+
+    def held(self) -> Counter[str]:
+        return Counter(shape for _, shape in self.jobs.values())
 
     async def adapt(self) -> None:
         await self._forget_ended_jobs()
-        wanted, have = self.wanted(), len(self.jobs)
-        if wanted > have:
-            logger.info("%d worker slot(s) wanted, %d job(s) held: submitting", wanted, have)
-        for _ in range(wanted - have):
-            await self._submit()
-        if wanted < have:
-            await self._release(have - wanted)
+        wanted, held = self.wanted(), self.held()
+        for shape, count in wanted.items():
+            if count > held[shape]:
+                logger.info("%d worker job(s) of %s wanted, %d held: submitting", count,
+                            shape, held[shape])  # fmt: skip
+            for _ in range(count - held[shape]):
+                await self._submit(shape)
+        for shape, count in held.items():
+            if count > wanted[shape]:
+                await self._release(shape, count - wanted[shape])
 
-    async def _submit(self) -> None:
+    def job_for(self, shape: str, name: str) -> Any:
+        """The dask-jobqueue job of ``shape`` (an experiment's ``slurm:``) named ``name``."""
         from dask_jobqueue.slurm import SLURMJob
 
         assert self.scheduler is not None
-        self._serial += 1
-        name = f"{JOB_NAME_PREFIX}-{os.getpid()}-{self._serial}"
-        settings, spec = self.settings, self.settings.worker_spec()
-        job = SLURMJob(
+        settings = self.settings.for_experiment(json.loads(shape))
+        spec = settings.worker_spec()
+        exports = {**settings.env, **spec.cli_env()}
+        return SLURMJob(
             scheduler=self.scheduler.address,
             name=name,
             job_name=name,
@@ -208,35 +257,55 @@ class SlurmWorkers(SchedulerPlugin):
             local_directory=settings.local_directory,
             job_extra_directives=settings.directives(),
             worker_extra_args=spec.cli_args(),
-            job_script_prologue=[
-                f"export {k}={shlex.quote(v)}"
-                for k, v in {**settings.env, **spec.cli_env()}.items()
-            ],
+            job_script_prologue=[f"export {k}={shlex.quote(v)}" for k, v in exports.items()],
         )
+
+    async def check(self, slurm: dict[str, Any] | None = None) -> dict[str, str]:
+        """What Slurm says of a worker job for an experiment's ``slurm:`` (``sbatch
+        --test-only``, nothing submitted): ``{"error": ...}`` when it refuses one (an
+        unknown partition, an impossible ``--gres``, ``sbatch_args`` it rejects)."""
+        job = self.job_for(shape_of(slurm), f"{JOB_NAME_PREFIX}-check")
+        with job.job_file() as script:
+            proc = await asyncio.create_subprocess_exec(
+                "sbatch", "--test-only", script,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, err = await proc.communicate()
+        if proc.returncode == 0:
+            return {}
+        said = " ".join(err.decode(errors="replace").split())
+        return {"error": f"Slurm refuses its worker job: {said}"}
+
+    async def _submit(self, shape: str) -> None:
+        self._serial += 1
+        name = f"{JOB_NAME_PREFIX}-{os.getpid()}-{self._serial}"
+        job = self.job_for(shape, name)
         await job.start()
-        self.jobs[name] = job
+        self.jobs[name] = (job, shape)
         logger.info("Slurm worker job %s submitted for %s", job.job_id, name)
 
-    async def _release(self, count: int) -> None:
-        """Cancel ``count`` jobs: first those Slurm has not started a worker for, then
-        workers idle for ``idle_after_s``."""
+    async def _release(self, shape: str, count: int) -> None:
+        """Cancel ``count`` jobs of ``shape``: first those Slurm has not started a worker
+        for, then workers idle for ``idle_after_s``."""
         assert self.scheduler is not None
         now = time.monotonic()
-        joined = {ws.name: ws for ws in self.scheduler.workers.values()}
-        for ws in joined.values():
+        joined = {str(ws.name): ws for ws in self.scheduler.workers.values()}
+        for name, ws in joined.items():
             if ws.processing:
-                self.idle_since.pop(str(ws.name), None)
+                self.idle_since.pop(name, None)
             else:
-                self.idle_since.setdefault(str(ws.name), now)
-        pending = [name for name in self.jobs if name not in joined]
+                self.idle_since.setdefault(name, now)
+        mine = [name for name, (_, s) in self.jobs.items() if s == shape]
+        pending = [name for name in mine if name not in joined]
         idle = [
-            name for name in self.jobs
+            name for name in mine
             if name in joined and now - self.idle_since.get(name, now) >= self.settings.idle_after_s
         ]  # fmt: skip
         for name in (pending + idle)[:count]:
             if name in joined:
                 await self.scheduler.retire_workers(workers=[joined[name].address])
-            await self.jobs.pop(name).close()
+            job, _ = self.jobs.pop(name)
+            await job.close()
             self.idle_since.pop(name, None)
             logger.info("Slurm worker job for %s released: no longer wanted", name)
 
@@ -244,7 +313,7 @@ class SlurmWorkers(SchedulerPlugin):
         """Drop jobs Slurm no longer lists (cancelled, timed out, node lost)."""
         if not self.jobs:
             return
-        ids = ",".join(str(job.job_id) for job in self.jobs.values())
+        ids = ",".join(str(job.job_id) for job, _ in self.jobs.values())
         proc = await asyncio.create_subprocess_exec(
             "squeue", "--noheader", "--format=%i", f"--jobs={ids}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -254,7 +323,7 @@ class SlurmWorkers(SchedulerPlugin):
             logger.warning("squeue failed: %s", err.decode(errors="replace").strip())
             return
         listed = set(out.decode().split())
-        for name, job in list(self.jobs.items()):
+        for name, (job, _) in list(self.jobs.items()):
             if str(job.job_id) not in listed:
                 logger.info("Slurm worker job %s (%s) has ended", job.job_id, name)
                 del self.jobs[name]
@@ -268,3 +337,16 @@ async def dask_setup(scheduler: Scheduler) -> None:
     await scheduler.register_scheduler_plugin(
         SlurmWorkers(SlurmWorkerSettings.from_json(text)), name=SLURM_WORKERS_NAME, idempotent=True
     )
+
+
+def check_slurm(client: Any, slurm: dict[str, Any] | None) -> tuple[bool, str | None]:
+    """Whether the client's scheduler starts workers as Slurm jobs, and if so Slurm's
+    refusal of an experiment's worker jobs (None: accepted)."""
+    if not client.run_on_scheduler(_has_slurm_workers):
+        return False, None
+    answer = client.sync(getattr(client.scheduler, CHECK_HANDLER), slurm=slurm)
+    return True, answer.get("error")
+
+
+def _has_slurm_workers(dask_scheduler: Scheduler) -> bool:
+    return SLURM_WORKERS_NAME in dask_scheduler.plugins

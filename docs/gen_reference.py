@@ -98,6 +98,16 @@ CONFIG_NOTES: dict[str, str] = {
     "bind_mounts": "No effect: mount storage on the worker hosts (or in the work pool's job "
     "template).",
     "debug": "No effect: set log levels with Python's `logging`.",
+    "slurm": "Each worker job's request where workers are Slurm jobs (its table below).",
+    "pbs": "Refused when the config is read: PBS clusters are not supported; use a Slurm "
+    "cluster (`slurm:`) or the stack's workers.",
+    # slurm
+    "slurm.slots_per_node": "Where workers are Slurm jobs ([Running on "
+    "Slurm](../operations/slurm.md)): the GPUs each of the experiment's worker jobs asks for "
+    "(`--gres`), default `resources.slots_per_trial` when the experiment uses GPUs.",
+    "slurm.gpu_type": "The GPU type in each worker job's `--gres=gpu:TYPE:N`.",
+    "slurm.sbatch_args": "Passed to `sbatch` for each of the experiment's worker jobs, after "
+    "the cluster's own; checked with `sbatch --test-only` before the first trial.",
     # searcher
     "searcher.name": "`single`, `grid`, `random`, `adaptive_asha`, or an installed plug-in's "
     "name: `optuna` (model-based, with the `optuna` extra), or one of your own "
@@ -174,13 +184,18 @@ CONFIG_NOTES: dict[str, str] = {
     "when there are GPUs.",
     "resources.distributed_backend": "`auto` (Horovod when installed, else torch), "
     "`horovod` or `torch`.",
-    "resources.max_slots": "Warns (`UnhonouredFieldWarning`): use `max_concurrent_trials` "
-    "or a Prefect work-pool concurrency limit.",
-    "resources.priority": "Warns (`UnhonouredFieldWarning`): use a separate Prefect work pool.",
+    "resources.max_slots": "The most slots the experiment holds at once in the cluster's job "
+    "queue ([Shared cluster](../operations/shared-cluster.md)); `det job update --max-slots`.",
+    "resources.priority": "1 to 99 (default 42), lower is more urgent: the job queue serves "
+    "more urgent experiments first and preempts less urgent trials "
+    "([Shared cluster](../operations/shared-cluster.md)).",
     "resources.shm_size": "Warns (`UnhonouredFieldWarning`): set it in the work pool's job "
     "template.",
-    "resources.weight": "No effect: there is no fair-share scheduler.",
-    "resources.resource_pool": "No effect: choose a Prefect work pool for the deployment.",
+    "resources.weight": "Fair share within one priority: each free slot goes to the experiment "
+    "holding the fewest slots per unit of weight.",
+    "resources.resource_pool": "The pool of workers its trials run on (workers join pool NAME "
+    "with the Dask resource `pool-NAME`); a pool the cluster lacks is refused, naming its "
+    "pools.",
     # reproducibility
     "reproducibility.experiment_seed": "Seeds Python, NumPy and torch per trial, and the "
     "searcher's draws.",
@@ -353,6 +368,7 @@ def _models() -> Iterator[tuple[str, str, type[BaseModel], str]]:
     yield "resources", "resources", exp.ResourcesConfig, "resources."
     yield "reproducibility", "reproducibility", exp.ReproducibilityConfig, "reproducibility."
     yield "profiling", "profiling", exp.ProfilingConfig, "profiling."
+    yield "slurm", "slurm", exp.SlurmConfig, "slurm."
     for name, options in _plugin_options():
         yield f"searcher: {name} (plug-in)", f"searcher-{name}", options, "searcher."
     for name, model in (

@@ -335,12 +335,30 @@ def _queued_chains(
         return chains(Placement(client, run_key))
     pool = cfg.resources.resource_pool or DEFAULT_POOL
     check_pool(pools, pool)  # before any trial: the config names a pool that is not there
+    _check_slurm(client, cfg)
     placement = Placement(client, run_key, pool)
     trials = chains(placement)
     name = experiment_name(cfg.name, trials.config_path)
     trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))
     trials.pool_resource = pool_resource(pools, pool)
     return trials
+
+
+def _check_slurm(client: Any, cfg: ExperimentConfig) -> None:
+    """Where workers are Slurm jobs, Slurm's refusal of this experiment's worker jobs
+    fails it before any trial (``sbatch --test-only``); a ``slurm:`` section elsewhere
+    is said to have no effect."""
+    from cluster.slurm_workers import check_slurm
+
+    section = cfg.slurm.model_dump() if cfg.slurm is not None else None
+    on_slurm, refused = check_slurm(client, section)
+    if refused:
+        raise ConfigError(f"slurm: {refused}")
+    if not on_slurm and section is not None:
+        get_run_logger().warning(
+            "`slurm:` has no effect here: this cluster's workers are not Slurm jobs "
+            "(docs/operations/slurm.md)"
+        )
 
 
 def _tracking_settings() -> tuple[RegistrySettings, str]:

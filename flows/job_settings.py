@@ -54,6 +54,8 @@ def job_fields(cfg: ExperimentConfig, name: str, concurrency: int, user: str) ->
         "user": user,
         "pool": cfg.resources.resource_pool or DEFAULT_POOL,
         "max_trials": concurrency,
+        # What its worker jobs ask Slurm for, where workers are Slurm jobs.
+        "slurm": cfg.slurm.model_dump() if cfg.slurm is not None else None,
     }
 
 

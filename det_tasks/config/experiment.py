@@ -37,6 +37,7 @@ __all__ = [
     "OptimizationsConfig",
     "ProfilingConfig",
     "ReproducibilityConfig",
+    "SlurmConfig",
     "ResourcesConfig",
     "S3Storage",
     "SearcherConfig",
@@ -213,6 +214,15 @@ class ResourcesConfig(_Strict):
     shm_size: int | str | None = None
 
 
+class SlurmConfig(_Strict):
+    """Determined's ``slurm:`` section: what each of the experiment's worker jobs asks
+    Slurm for where the cluster's workers are Slurm jobs (cluster.slurm_workers)."""
+
+    slots_per_node: int | None = Field(default=None, ge=1)
+    gpu_type: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+
+
 class ReproducibilityConfig(_Strict):
     experiment_seed: int = Field(default=0, ge=0, lt=2**31)
 
@@ -251,6 +261,19 @@ class ExperimentConfig(_Strict):
     environment: dict[str, Any] = Field(default_factory=dict)
     bind_mounts: list[dict[str, Any]] = Field(default_factory=list)
     debug: bool = False
+    slurm: SlurmConfig | None = None
+    pbs: dict[str, Any] | None = None
+
+    @field_validator("pbs")
+    @classmethod
+    def _no_pbs(cls, value: dict[str, Any] | None) -> None:
+        if value is not None:
+            raise ValueError(
+                "PBS clusters are not supported: run the experiment on a Slurm cluster "
+                "(a `slurm:` section, docs/operations/slurm.md) or on the stack's workers, "
+                "and remove `pbs:`"
+            )
+        return None
 
     @field_validator("checkpoint_storage", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from tests.integration.hosts_helpers import (
     prefix,
     start_flow,
     undisturbed_reference,
+    wait_for_checkpoints,
 )
 
 pytestmark = [
@@ -104,3 +105,50 @@ def test_a_trial_gets_a_worker_job_on_demand_trains_bit_equal_and_the_job_goes_w
     assert any(f"on host {node}" in err for node in site.nodes), err[-3000:]
     # Idle for the default minute once the experiment ended: given back to Slurm.
     _wait("release of the idle worker job", 180, lambda: _jobs(site) == [])
+
+
+def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_checkpoint(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
+) -> None:
+    cluster, site = slurm_cluster
+    want = undisturbed_reference(tmp_path / "reference")
+    flow = start_flow(cluster, tmp_path / "home", "slurm-scancel")
+    with killed_on_error(flow):
+        wait_for_checkpoints(cluster, flow, "slurm-scancel")
+        (first,) = _jobs(site)
+        job_id = first.split()[0]
+        done = subprocess.run(
+            ["scancel", job_id], env={**os.environ, **slurm.client_env(site)}, timeout=30
+        )
+        assert done.returncode == 0
+        # The slot is still wanted: another job is submitted and the trial resumes there.
+        _wait("a second worker job", 120, lambda: _running(flow) and _other_job(site, job_id))
+    summary, _ = finished_flow(flow, timeout_s=600)
+    assert_bit_equal_and_recorded_once(cluster, "slurm-scancel", summary, want)
+
+
+def _other_job(site: slurm.SlurmSite, gone: str) -> bool:
+    return any(line.split()[0] != gone for line in _jobs(site))
+
+
+@pytest.mark.parametrize(
+    ("section", "refusal"),
+    [
+        ('["--partition=nope"]', "invalid partition"),
+        ('["--gres=gpu:a100:1"]', "gres"),
+    ],
+)
+def test_worker_jobs_slurm_refuses_fail_the_experiment_before_anything_is_submitted(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite],
+    tmp_path: Path,
+    section: str,
+    refusal: str,
+) -> None:
+    cluster, site = slurm_cluster
+    before = {line.split()[0] for line in _jobs(site)}  # an earlier test's, still idle
+    flow = start_flow(cluster, tmp_path / "home", "slurm-refused", f"slurm.sbatch_args={section}")
+    _, err = flow.communicate(timeout=300)
+    assert flow.returncode != 0
+    line = next(line for line in err.splitlines() if "slurm: Slurm refuses its worker job" in line)
+    assert refusal in line.lower(), line
+    assert {line.split()[0] for line in _jobs(site)} <= before  # none submitted for it

@@ -19,6 +19,7 @@ class _Job:
     waiting: tuple[int, ...] = ()
     paused: bool = False
     max_slots: int | None = None
+    slurm: dict | None = None
 
 
 def test_wanted_slots_count_running_and_waiting_trials_within_max_slots() -> None:
@@ -51,30 +52,54 @@ def test_directives_carry_account_qos_gres_warning_and_the_sites_own_args() -> N
     ]  # fmt: skip
 
 
-def test_the_job_script_runs_one_det_tasks_worker_in_place_of_its_shell() -> None:
-    from dask_jobqueue.slurm import SLURMJob
+def _job_script(settings: SlurmWorkerSettings, slurm: dict | None = None) -> str:
+    from types import SimpleNamespace
 
+    from cluster.slurm_workers import SlurmWorkers, shape_of
+
+    plugin = SlurmWorkers(settings)
+    plugin.scheduler = SimpleNamespace(address="tcp://10.0.0.1:8786")  # type: ignore[assignment]
+    return str(plugin.job_for(shape_of(slurm), "det-worker-1").job_script())
+
+
+def test_the_job_script_runs_one_det_tasks_worker_in_place_of_its_shell() -> None:
     settings = SlurmWorkerSettings(
         partition="batch", walltime="00:30:00", env={"MLFLOW_TRACKING_URI": "http://h:5000"}
     )
-    spec = settings.worker_spec()
-    job = SLURMJob(
-        scheduler="tcp://10.0.0.1:8786", name="det-worker-1", queue=settings.partition,
-        cores=settings.cores, memory=settings.memory, processes=1, walltime=settings.walltime,
-        python=f"exec {settings.python}", job_extra_directives=settings.directives(),
-        worker_extra_args=spec.cli_args(),
-        job_script_prologue=[f"export {k}={shlex.quote(v)}" for k, v in settings.env.items()],
-    )  # fmt: skip
-    script = job.job_script()
+    script = _job_script(settings)
+    assert "#SBATCH -J det-worker-1" in script
     assert "#SBATCH -p batch" in script and "#SBATCH -t 00:30:00" in script
     assert "#SBATCH --signal=B:TERM@120" in script
     assert "export MLFLOW_TRACKING_URI=http://h:5000" in script
     command = next(line for line in script.splitlines() if "dask_worker" in line)
     argv = shlex.split(command)
     assert argv[0] == "exec"
+    spec = settings.worker_spec()
     # The spec's options come last, so they win over dask-jobqueue's own.
     assert argv[-len(spec.cli_args()) :] == spec.cli_args()
     assert "cluster.held_trials" in argv and "pool-default=1" in command
+
+
+def test_an_experiments_slurm_section_shapes_its_jobs() -> None:
+    site = SlurmWorkerSettings(partition="batch", sbatch_args=("--exclusive",))
+    cpu = site.for_experiment({"slots_per_node": 2, "sbatch_args": ["--constraint=ib"]})
+    assert (cpu.cores, cpu.gpus) == (2, 0)
+    assert cpu.directives()[-2:] == ["--exclusive", "--constraint=ib"]  # the site's first
+    gpu = site.for_experiment({"slots_per_node": 4, "gpu_type": "a100", "sbatch_args": []})
+    assert (gpu.cores, gpu.gpus) == (1, 4)
+    assert "--gres=gpu:a100:4" in gpu.directives()
+    script = _job_script(site, {"gpu_type": "a100", "slots_per_node": 4, "sbatch_args": []})
+    assert "#SBATCH --gres=gpu:a100:4" in script and "GPU=4" in script
+    assert site.for_experiment(None) is site
+
+
+def test_wanted_jobs_are_counted_per_shape() -> None:
+    from cluster.slurm_workers import shape_of, wanted_by_shape
+
+    wide = {"slots_per_node": 2, "gpu_type": None, "sbatch_args": []}
+    jobs = [_Job(waiting=(1, 2)), _Job(waiting=(1,), running={2: 0.0}), _Job(waiting=(1,))]
+    jobs[1].slurm = wide
+    assert wanted_by_shape(jobs, "default") == {shape_of(None): 3, shape_of(wide): 2}  # type: ignore[arg-type]
 
 
 def test_the_queue_lists_a_pool_workers_are_started_for_on_demand_with_no_slot_yet() -> None:

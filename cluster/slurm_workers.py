@@ -23,12 +23,10 @@ The scheduler reads its settings from ``DET_TASKS_SLURM_WORKERS`` (JSON,
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
 import shlex
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -36,8 +34,7 @@ from typing import Any
 from distributed import Scheduler, SchedulerPlugin
 
 from cluster.job_queue import JOB_QUEUE_NAME
-from cluster.pools import DEFAULT_POOL
-from cluster.worker_spec import WorkerSpec
+from cluster.slurm_settings import JOB_NAME_PREFIX, SETTINGS_ENV, SlurmWorkerSettings
 
 __all__ = [
     "SETTINGS_ENV",
@@ -51,91 +48,9 @@ __all__ = [
 
 # Under "distributed": the scheduler's log shows it at Dask's own level (INFO).
 logger = logging.getLogger("distributed.det_tasks.slurm_workers")
-SETTINGS_ENV = "DET_TASKS_SLURM_WORKERS"
 SLURM_WORKERS_NAME = "det-tasks-slurm-workers"
 TICK_S = 2.0
-JOB_NAME_PREFIX = "det-worker"
 CHECK_HANDLER = "det_slurm_check"  # a flow asks it before its first trial (check_slurm)
-
-
-@dataclasses.dataclass(frozen=True)
-class SlurmWorkerSettings:
-    """What each worker job asks Slurm for and how many may run. ``sbatch_args`` are
-    Determined's ``slurm.sbatch_args``: passed to ``sbatch`` as they are. ``env``: the
-    client variables (MLflow, S3) every worker needs, exported in the job script."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    walltime: str = "24:00:00"
-    cores: int = 1
-    memory: str = "4GB"
-    gpus: int = 0
-    gpu_type: str | None = None
-    sbatch_args: tuple[str, ...] = ()
-    max_jobs: int = 8
-    idle_after_s: float = 60.0
-    # Slurm's warning before a job's time limit: SIGTERM to the worker (the job script
-    # execs it), which closes and gives its trial back; it resumes from its last
-    # checkpoint on another worker.
-    warning_s: int = 120
-    pool: str = DEFAULT_POOL
-    python: str = sys.executable
-    local_directory: str = "/tmp"
-    output_dir: str | None = None
-    slurm_conf: str | None = None  # the site's slurm.conf, where it is not the default
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, text: str) -> SlurmWorkerSettings:
-        data = json.loads(text)
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"{SETTINGS_ENV}: unknown setting(s) {sorted(unknown)}")
-        data["sbatch_args"] = tuple(data.get("sbatch_args", ()))
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    def directives(self) -> list[str]:
-        """``#SBATCH`` options beyond dask-jobqueue's own (name, partition, CPUs, memory,
-        time): account, QoS, GPUs, the warning signal, output, the site's own."""
-        extra = [f"--signal=B:TERM@{self.warning_s}"]
-        if self.account:
-            extra.append(f"--account={self.account}")
-        if self.qos:
-            extra.append(f"--qos={self.qos}")
-        if self.gpus:
-            kind = f"{self.gpu_type}:" if self.gpu_type else ""
-            extra.append(f"--gres=gpu:{kind}{self.gpus}")
-        if self.output_dir:
-            extra.append(f"--output={self.output_dir}/{JOB_NAME_PREFIX}-%j.log")
-        return extra + list(self.sbatch_args)
-
-    def for_experiment(self, slurm: dict[str, Any] | None) -> SlurmWorkerSettings:
-        """These settings with an experiment's ``slurm:`` section over them: its
-        ``slots_per_node`` are GPUs per job where jobs get GPUs (the site's ``gpus``, or a
-        ``gpu_type``), else CPUs; its ``sbatch_args`` follow the site's."""
-        if not slurm:
-            return self
-        gpu_type = slurm.get("gpu_type") or self.gpu_type
-        slots = slurm.get("slots_per_node")
-        gpus, cores = self.gpus, self.cores
-        if self.gpus or slurm.get("gpu_type"):
-            gpus = slots or max(self.gpus, 1)
-        elif slots:
-            cores = slots
-        return dataclasses.replace(
-            self, gpus=gpus, cores=cores, gpu_type=gpu_type,
-            sbatch_args=(*self.sbatch_args, *slurm.get("sbatch_args", ())),
-        )  # fmt: skip
-
-    def worker_spec(self) -> WorkerSpec:
-        gpus = tuple(range(self.gpus)) if self.gpus else None
-        return WorkerSpec(
-            threads=self.cores, gpus=gpus, pool=self.pool, preload=("cluster.held_trials",)
-        )
 
 
 def wanted_slots(jobs: list[Any], pool: str) -> int:

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cluster.environment import EXPECTED_WORKERS_ENV as WAIT_WORKERS_ENV
+from cluster.slurm_settings import SETTINGS_ENV as SLURM_WORKERS_ENV
+from cluster.slurm_settings import SlurmWorkerSettings
 from infra import dask_cluster, deployments, postgres
 from infra.postgres import postgres_urls
 from infra.seaweed import ensure_bucket, s3_credentials, seaweed_service
@@ -57,7 +59,6 @@ __all__ = [
 ]
 
 SCHEDULER_ENV = "DET_TASKS_DASK_SCHEDULER"  # read by cluster.startup
-SLURM_WORKERS_ENV = "DET_TASKS_SLURM_WORKERS"  # read by cluster.slurm_workers
 
 # Seconds an MLflow server worker may leave uvicorn's health ping unanswered (default 5).
 MLFLOW_WORKER_HEALTHCHECK_S = 120
@@ -424,6 +425,10 @@ def _slurm_workers(config: StackConfig) -> tuple[tuple[str, ...], dict[str, str]
     ``slurm_workers``."""
     if not config.slurm_workers:
         return (), {}
+    try:
+        SlurmWorkerSettings.from_json(config.slurm_workers)
+    except ValueError as err:
+        raise ServiceError(str(err)) from None
     settings = json.loads(config.slurm_workers)
     settings["env"] = {**env_for(config), **settings.get("env", {})}
     env = {SLURM_WORKERS_ENV: json.dumps(settings)}  # the scheduler's, with the env added

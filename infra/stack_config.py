@@ -70,6 +70,11 @@ class StackConfig:
             host=os.environ.get("DET_TASKS_STACK_HOST") or "127.0.0.1",
             auth=os.environ.get("DET_TASKS_STACK_AUTH", "") in ("1", "true", "yes"),
             slurm_workers=os.environ.get("DET_TASKS_SLURM_WORKERS") or None,
+            # With workers as Slurm jobs the stack starts none of its own unless told to.
+            dask_workers=0
+            if os.environ.get("DET_TASKS_SLURM_WORKERS")
+            and not os.environ.get("DET_TASKS_DASK_WORKERS")
+            else None,
             postgres_port=int(os.environ["DET_TASKS_POSTGRES_PORT"])
             if os.environ.get("DET_TASKS_POSTGRES_PORT")
             else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,24 @@ def test_the_queue_lists_a_pool_workers_are_started_for_on_demand_with_no_slot_y
     elastic = SlurmWorkers(SlurmWorkerSettings(pool="hpc"))
     queue.scheduler.plugins[SLURM_WORKERS_NAME] = elastic  # type: ignore[union-attr]
     assert queue.pools() == {"hpc": 0}
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"partiton": "batch"}', r"unknown setting\(s\) \['partiton'\]; known: partition"),
+        ("partition=batch", "is not JSON"),
+        ('["batch"]', "must be a JSON object"),
+        ('{"max_jobs": 0}', "max_jobs must be a whole number >= 1, got 0"),
+    ],
+)
+def test_make_up_refuses_bad_worker_job_settings_before_starting_anything(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    from infra.services import ServiceError
+    from infra.stack import StackConfig, stack_services
+
+    config = StackConfig(root=tmp_path, slurm_workers=text)
+    with pytest.raises(ServiceError, match=said):
+        stack_services(config)
+    assert not (tmp_path / "pids").exists()

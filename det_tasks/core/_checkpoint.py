@@ -33,8 +33,9 @@ Selector = Callable[[str], bool]
 
 
 class DownloadMode(enum.Enum):
-    """Accepted for Determined's signatures: every worker of a trial here reads the same
-    local copy (the store's cache), so both modes behave alike."""
+    """``LocalWorkersShareDownload``: the workers of a node call ``restore_path``/``download``
+    in step and its local chief fetches the checkpoint once for all of them;
+    ``NoSharedDownload``: each caller fetches on its own."""
 
     LocalWorkersShareDownload = "LOCAL_WORKERS_SHARE_DOWNLOAD"
     NoSharedDownload = "NO_SHARED_DOWNLOAD"
@@ -108,10 +109,20 @@ class CheckpointContext:
     ) -> Iterator[Path]:
         """A local folder holding the checkpoint (checked against its checksums) for the
         block. ``storage_id`` may also be a URI or path, as ``latest_checkpoint`` can be.
-        ``selector`` is accepted; the whole checkpoint is made available."""
-        DownloadMode(download_mode)
-        with self._open(storage_id) as path:
-            yield path
+        With ``LocalWorkersShareDownload`` (the default) every worker calls it in step and
+        the node's local chief fetches it for all. ``selector`` is accepted; the whole
+        checkpoint is made available."""
+        if not self._shared(download_mode):
+            with self._open(storage_id) as path:
+                yield path
+            return
+        with contextlib.ExitStack() as stack:
+            mine = stack.enter_context(self._open(storage_id)) if self._fetches else None
+            path = Path(self._dist.broadcast_local(str(mine) if mine else None))
+            try:
+                yield path
+            finally:
+                self._dist.gather_local(None)  # the local chief keeps it until all are done
 
     def download(
         self,
@@ -121,10 +132,22 @@ class CheckpointContext:
         *,
         selector: Selector | None = None,
     ) -> None:
-        """Copy the checkpoint's files (those ``selector`` keeps) into ``ckpt_dir``."""
-        DownloadMode(download_mode)
-        with self._open(storage_id) as path:
-            _copy_tree(path, Path(ckpt_dir), selector)
+        """Copy the checkpoint's files (those ``selector`` keeps) into ``ckpt_dir`` (with
+        ``LocalWorkersShareDownload``, once per node, by its local chief)."""
+        shared = self._shared(download_mode)
+        if not shared or self._fetches:
+            with self._open(storage_id) as path:
+                _copy_tree(path, Path(ckpt_dir), selector)
+        if shared:
+            self._dist.broadcast_local(None)  # the others wait for the copy
+
+    def _shared(self, download_mode: DownloadMode) -> bool:
+        mode = DownloadMode(download_mode)
+        return mode == DownloadMode.LocalWorkersShareDownload and self._dist.size > 1
+
+    @property
+    def _fetches(self) -> bool:
+        return self._dist.local_rank == 0
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The metadata the checkpoint was stored with."""

@@ -3,25 +3,25 @@
 ``entrypoint: python3 -m determined.launch.torch_distributed python3 4_distributed.py``
 with ``resources.slots_per_trial: 2`` starts two processes (torchrun, Gloo on CPU). Rank
 ``r`` adds ``increment_by * (r + 1)`` each batch; every 10 batches the ranks sum their
-counters (``allgather``), the chief reports the sum and checkpoints it, and every rank asks
-``should_preempt()`` in step (``PreemptMode.WorkersAskChief``). A continued run's chief
-restores the checkpoint and broadcasts each rank's share."""
+counters (``allgather``), the chief reports the sum and checkpoints every rank's share, and
+every rank asks ``should_preempt()`` in step (``PreemptMode.WorkersAskChief``). A continued
+run's ranks all open the checkpoint (``restore_path``: the node's chief fetches it) and
+take their own share back."""
 
 import logging
 
 import determined as det
 
 
-def main(core_context: det.core.Context, latest_checkpoint, increment_by: int) -> None:
+def main(core_context: det.core.Context, latest_checkpoint, hparams: dict) -> None:
     dist = core_context.distributed
-    start = 0
-    counters = [0] * dist.size
-    if dist.rank == 0 and latest_checkpoint is not None:
+    increment_by, batches = hparams["increment_by"], hparams.get("batches", 30)
+    start, x = 0, 0
+    if latest_checkpoint is not None:  # every rank, in step: the node's chief fetches it
         with core_context.checkpoint.restore_path(latest_checkpoint) as path:
             start, *counters = (int(v) for v in path.joinpath("state").read_text().split(","))
-    start, counters = dist.broadcast((start, counters))
-    x = counters[dist.rank]
-    for batch in range(start, 30):
+        x = counters[dist.rank]
+    for batch in range(start, batches):
         x += increment_by * (dist.rank + 1)
         steps_completed = batch + 1
         if steps_completed % 10 == 0:
@@ -39,7 +39,7 @@ def main(core_context: det.core.Context, latest_checkpoint, increment_by: int) -
                 return
     everyone = dist.allgather(x)
     if dist.rank == 0:
-        core_context.train.report_validation_metrics(30, {"x": sum(everyone)})
+        core_context.train.report_validation_metrics(batches, {"x": sum(everyone)})
 
 
 if __name__ == "__main__":
@@ -48,4 +48,4 @@ if __name__ == "__main__":
     assert info is not None, "run it with det-tasks run distributed.yaml"
     distributed = det.core.DistributedContext.from_torch_distributed()
     with det.core.init(distributed=distributed) as core_context:
-        main(core_context, info.latest_checkpoint, info.trial.hparams["increment_by"])
+        main(core_context, info.latest_checkpoint, info.trial.hparams)

@@ -5,6 +5,7 @@ scripts of examples/core_api have closed-form answers: after ``n`` batches ``x``
 from __future__ import annotations
 
 import runpy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +316,58 @@ def test_core_names_not_built_are_refused_naming_what_to_use(statement, says):
     compat.install()
     with pytest.raises(ImportError, match=says):
         exec(statement)
+
+
+class _ThreadRanks:
+    """Collectives for ranks that are threads of this process (a barrier and shared slots)."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier = threading.Barrier(size)
+        self.slots: list[Any] = [None] * size
+
+    def member(self, rank: int) -> Any:
+        ranks = self
+
+        class Member:
+            def allgather(self, obj: Any) -> list[Any]:
+                ranks.slots[rank] = obj
+                ranks.barrier.wait()
+                out = list(ranks.slots)
+                ranks.barrier.wait()
+                return out
+
+            def broadcast(self, obj: Any) -> Any:
+                return self.allgather(obj)[0]
+
+            def close(self, wait_for_others: bool = True) -> None:
+                """Nothing to leave."""
+
+        return Member()
+
+
+def test_workers_of_a_node_share_the_local_chiefs_restore_and_download(tmp_path):
+    stored = LocalDirectoryStore(tmp_path / "chief")
+    ctx = core.init(checkpoint_storage=str(tmp_path / "chief"))
+    with ctx, ctx.checkpoint.store_path({"steps_completed": 1}) as (path, storage_id):
+        (path / "w").write_text("weights")
+    ranks, seen = _ThreadRanks(2), {}
+
+    def rank(r: int) -> None:
+        dist = core.DistributedContext(
+            rank=r, size=2, local_rank=r, local_size=2, collectives=ranks.member(r)
+        )
+        store = stored if r == 0 else LocalDirectoryStore(tmp_path / f"rank{r}")  # empty
+        checkpoint = core.CheckpointContext(
+            store, InMemoryMetricsSink(), dist, run_services.TrialControl(), dict, False
+        )
+        with checkpoint.restore_path(storage_id) as path:
+            seen[r] = (path / "w").read_text()
+        checkpoint.download(storage_id, tmp_path / "shared")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert seen == {0: "weights", 1: "weights"}
+    assert (tmp_path / "shared" / "w").read_text() == "weights"

@@ -10,6 +10,7 @@ import enum
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,7 +66,13 @@ class CheckpointContext:
         self, metadata: dict[str, Any] | None = None, *, shard: bool = False
     ) -> Iterator[tuple[Path, str]]:
         """A fresh folder to save the checkpoint into and its storage id; on leaving the
-        block it is sealed and stored (and on the platform uploaded and recorded)."""
+        block it is sealed and stored (and on the platform uploaded and recorded). With
+        ``shard=True`` every worker calls it in step, each writes its own files into its own
+        folder, and they become one checkpoint (two workers writing one file is an error)."""
+        if shard:
+            with self._store_shards(metadata) as (path, storage_id):
+                yield path, storage_id
+            return
         self._chief_only("store_path", shard)
         sealed = self._metadata(metadata)
         staged = self._store.stage()
@@ -85,11 +92,16 @@ class CheckpointContext:
         selector: Selector | None = None,
     ) -> str:
         """Store the files of ``ckpt_dir`` (those ``selector`` keeps, by relative path) as a
-        new checkpoint; returns its storage id."""
-        self._chief_only("upload", shard)
+        new checkpoint; returns its storage id (``shard=True``: every worker uploads its
+        part, as with ``store_path``)."""
         source = Path(ckpt_dir)
         if not source.is_dir():
             raise NotADirectoryError(f"upload: ckpt_dir {str(source)!r} is not a directory")
+        if shard:
+            with self.store_path(metadata, shard=True) as (path, storage_id):
+                _copy_tree(source, path, selector)
+            return storage_id
+        self._chief_only("upload", shard)
         sealed = self._metadata(metadata)
         staged = self._store.stage()
         try:
@@ -173,13 +185,35 @@ class CheckpointContext:
         self._store.completed_uploads(wait=True)
 
     # ---- helpers -----------------------------------------------------------------------
-    def _chief_only(self, what: str, shard: bool) -> None:
-        if shard:
+    @contextlib.contextmanager
+    def _store_shards(self, metadata: dict[str, Any] | None) -> Iterator[tuple[Path, str]]:
+        """Each worker writes into a folder of its own (the chief into the staged one);
+        the chief then gathers the others' files (same node) and metadata, and stores."""
+        dist = self._dist
+        if dist.cross_size > 1:
             raise NotImplementedError(
-                f"checkpoint.{what}(shard=True) (each worker storing its part) is not "
-                "supported by det_tasks yet: gather the state on the chief and store it "
-                "from there (shard=False)"
+                "checkpoint.store_path(shard=True) across several nodes is not supported by "
+                "det_tasks: gather the state on one node's workers, or store from the chief"
             )
+        staged = self._store.stage() if dist.rank == 0 else None
+        storage_id = dist.broadcast(staged.name if staged is not None else None)
+        own = staged if staged is not None else Path(tempfile.mkdtemp(prefix="det-tasks-shard-"))
+        try:
+            yield own, storage_id
+            parts = dist.allgather((str(own), metadata or {}))
+            if staged is not None:
+                merged = _merged_shards(staged, parts)
+                self._publish(staged, self._metadata(merged))
+        except BaseException:
+            if staged is not None:
+                self._store.discard(staged)
+            raise
+        finally:
+            dist.broadcast(None)  # the chief has copied every part: each may go
+            if staged is None:
+                shutil.rmtree(own, ignore_errors=True)
+
+    def _chief_only(self, what: str, shard: bool) -> None:
         if self._dist.rank != 0:
             raise RuntimeError(
                 f"cannot call CheckpointContext.{what}() from non-chief worker "
@@ -227,6 +261,36 @@ class CheckpointContext:
                 path = stack.enter_context(self._store.restore(reference))
             ckpt.verify(path)
             yield path
+
+
+def _merged_shards(staged: Path, parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Copy every other worker's files into ``staged`` and merge all workers' metadata; a
+    file or metadata key two workers wrote differently is an error naming both ranks."""
+    owner = {p.relative_to(staged).as_posix(): 0 for p in staged.rglob("*") if p.is_file()}
+    merged: dict[str, Any] = {}
+    given_by: dict[str, int] = {}
+    for rank, (folder, metadata) in enumerate(parts):
+        for key, value in metadata.items():
+            if key in merged and merged[key] != value:
+                raise ValueError(
+                    f"checkpoint shards disagree on metadata {key!r}: rank {given_by[key]} "
+                    f"gave {merged[key]!r}, rank {rank} {value!r}"
+                )
+            merged[key], given_by[key] = value, given_by.get(key, rank)
+        if rank == 0:
+            continue
+        source = Path(folder)
+        for file in sorted(p for p in source.rglob("*") if p.is_file()):
+            rel = file.relative_to(source).as_posix()
+            if rel in owner:
+                raise ValueError(
+                    f"checkpoint shards of ranks {owner[rel]} and {rank} both wrote {rel!r}: "
+                    "give each worker's files names of their own"
+                )
+            owner[rel] = rank
+            (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, staged / rel)
+    return merged
 
 
 def _copy_tree(source: Path, dest: Path, selector: Selector | None) -> None:

@@ -3,10 +3,10 @@
 ``entrypoint: python3 -m determined.launch.torch_distributed python3 4_distributed.py``
 with ``resources.slots_per_trial: 2`` starts two processes (torchrun, Gloo on CPU). Rank
 ``r`` adds ``increment_by * (r + 1)`` each batch; every 10 batches the ranks sum their
-counters (``allgather``), the chief reports the sum and checkpoints every rank's share, and
-every rank asks ``should_preempt()`` in step (``PreemptMode.WorkersAskChief``). A continued
-run's ranks all open the checkpoint (``restore_path``: the node's chief fetches it) and
-take their own share back."""
+counters (``allgather``) and the chief reports the sum; every rank stores its own counter
+in one sharded checkpoint (``store_path(shard=True)``) and asks ``should_preempt()`` in step
+(``PreemptMode.WorkersAskChief``). A continued run's ranks all open the checkpoint
+(``restore_path``: the node's chief fetches it) and take their own counter back."""
 
 import logging
 
@@ -19,8 +19,7 @@ def main(core_context: det.core.Context, latest_checkpoint, hparams: dict) -> No
     start, x = 0, 0
     if latest_checkpoint is not None:  # every rank, in step: the node's chief fetches it
         with core_context.checkpoint.restore_path(latest_checkpoint) as path:
-            start, *counters = (int(v) for v in path.joinpath("state").read_text().split(","))
-        x = counters[dist.rank]
+            start, x = (int(v) for v in path.joinpath(f"state-{dist.rank}").read_text().split(","))
     for batch in range(start, batches):
         x += increment_by * (dist.rank + 1)
         steps_completed = batch + 1
@@ -28,13 +27,10 @@ def main(core_context: det.core.Context, latest_checkpoint, hparams: dict) -> No
             everyone = dist.allgather(x)
             if dist.rank == 0:
                 core_context.train.report_training_metrics(steps_completed, {"x": sum(everyone)})
-                with core_context.checkpoint.store_path({"steps_completed": steps_completed}) as (
-                    path,
-                    _,
-                ):
-                    path.joinpath("state").write_text(
-                        ",".join(map(str, [steps_completed, *everyone]))
-                    )
+            # Every rank stores its own share: one checkpoint of two parts (shard=True).
+            metadata = {"steps_completed": steps_completed}
+            with core_context.checkpoint.store_path(metadata, shard=True) as (path, _):
+                path.joinpath(f"state-{dist.rank}").write_text(f"{steps_completed},{x}")
             if core_context.preempt.should_preempt():
                 return
     everyone = dist.allgather(x)

@@ -227,8 +227,9 @@ def test_asha_rungs_are_the_operations_lengths_and_the_best_is_promoted(tmp_path
 
 def test_two_torch_distributed_processes_report_the_sum_and_resume_on_every_rank(tmp_path):
     """Stage 4: two ranks (torchrun, Gloo), rank r adding increment_by * (r + 1) a batch:
-    the chief reports 2 * (1 + 2) * n after n batches and stores every rank's share; a run
-    continued from it (restore_path on both ranks, in step) goes on exactly."""
+    the chief reports 2 * (1 + 2) * n after n batches, each rank stores its own counter in
+    one sharded checkpoint; a run continued from it (restore_path on both ranks, in step)
+    goes on exactly."""
 
     def run(*args: str) -> tuple[list[tuple[int, int]], dict]:
         proc = subprocess.run(
@@ -245,11 +246,13 @@ def test_two_torch_distributed_processes_report_the_sum_and_resume_on_every_rank
     checkpoints = ["--checkpoint-dir", str(tmp_path / "checkpoints")]
     reports, first = run(*checkpoints, "-p", "hyperparameters.batches=20")
     assert reports == [(10, 60), (20, 120)] and first["validation"] == {"x": 120}
-    assert (Path(first["checkpoint"]) / "state").read_text() == "20,40,80"
+    shards = Path(first["checkpoint"])
+    assert [(shards / f"state-{r}").read_text() for r in (0, 1)] == ["20,40", "20,80"]
 
     reports, second = run(*checkpoints, "--resume", first["checkpoint"])
     assert reports == [(30, 180)] and second["validation"] == {"x": 180}
-    assert (Path(second["checkpoint"]) / "state").read_text() == "30,60,120"
+    shards = Path(second["checkpoint"])
+    assert [(shards / f"state-{r}").read_text() for r in (0, 1)] == ["30,60", "30,120"]
 
 
 def test_a_script_that_never_asks_should_preempt_runs_to_its_end_on_sigterm(tmp_path):

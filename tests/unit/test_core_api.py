@@ -4,6 +4,7 @@ scripts of examples/core_api have closed-form answers: after ``n`` batches ``x``
 
 from __future__ import annotations
 
+import json
 import runpy
 import threading
 from pathlib import Path
@@ -159,8 +160,12 @@ def test_checkpoint_round_trip_upload_download_metadata_and_delete(tmp_path):
 def test_what_is_not_built_is_refused_in_one_line(tmp_path):
     with core.init(checkpoint_storage=str(tmp_path)) as core_context:
         checkpoint = core_context.checkpoint
-        with pytest.raises(NotImplementedError, match=r"shard=True.*not supported.*chief"):
-            checkpoint.store_path({"steps_completed": 1}, shard=True).__enter__()
+        across_nodes = core.CheckpointContext(
+            LocalDirectoryStore(tmp_path), InMemoryMetricsSink(),
+            core.DistributedContext(cross_size=2), run_services.TrialControl(), lambda _: {}, False,
+        )  # fmt: skip
+        with pytest.raises(NotImplementedError, match=r"shard=True\) across several nodes"):
+            across_nodes.store_path({"steps_completed": 1}, shard=True).__enter__()
         with pytest.raises(NotImplementedError, match="globs"):
             checkpoint.delete("x", globs=["*.pt"])
         with pytest.raises(RuntimeError, match="only be used in MANUAL mode"):
@@ -358,7 +363,7 @@ def test_workers_of_a_node_share_the_local_chiefs_restore_and_download(tmp_path)
         )
         store = stored if r == 0 else LocalDirectoryStore(tmp_path / f"rank{r}")  # empty
         checkpoint = core.CheckpointContext(
-            store, InMemoryMetricsSink(), dist, run_services.TrialControl(), dict, False
+            store, InMemoryMetricsSink(), dist, run_services.TrialControl(), lambda _: {}, False
         )
         with checkpoint.restore_path(storage_id) as path:
             seen[r] = (path / "w").read_text()
@@ -371,3 +376,53 @@ def test_workers_of_a_node_share_the_local_chiefs_restore_and_download(tmp_path)
         thread.join(timeout=30)
     assert seen == {0: "weights", 1: "weights"}
     assert (tmp_path / "shared" / "w").read_text() == "weights"
+
+
+def _two_ranks(tmp_path: Path, work: Any) -> dict[int, Any]:
+    """``work(rank, checkpoint)`` on two thread ranks of one node; what each returned."""
+    ranks, out = _ThreadRanks(2), {}
+    store = LocalDirectoryStore(tmp_path / "store")
+
+    def rank(r: int) -> None:
+        dist = core.DistributedContext(
+            rank=r, size=2, local_rank=r, local_size=2, collectives=ranks.member(r)
+        )
+        checkpoint = core.CheckpointContext(
+            store, InMemoryMetricsSink(), dist, run_services.TrialControl(), lambda _: {}, False
+        )
+        try:
+            out[r] = work(r, checkpoint)
+        except Exception as err:
+            out[r] = err
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return out
+
+
+def test_a_sharded_checkpoint_is_every_workers_files_and_metadata_in_one(tmp_path):
+    def work(rank: int, checkpoint: Any) -> str:
+        metadata = {"steps_completed": 5} if rank == 0 else {"rank1_rows": 7}
+        with checkpoint.store_path(metadata, shard=True) as (path, storage_id):
+            (path / f"part-{rank}").write_text(str(rank))
+        return storage_id
+
+    out = _two_ranks(tmp_path, work)
+    assert out[0] == out[1]  # one storage id for both
+    folder = tmp_path / "store" / out[0]
+    assert {p.name for p in folder.iterdir()} == {"part-0", "part-1", "metadata.json"}
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert (metadata["steps_completed"], metadata["rank1_rows"]) == (5, 7)
+
+
+def test_two_shards_writing_one_file_is_refused_naming_the_ranks(tmp_path):
+    def work(rank: int, checkpoint: Any) -> None:
+        with checkpoint.store_path({"steps_completed": 1}, shard=True) as (path, _):
+            (path / "weights").write_text(str(rank))
+
+    out = _two_ranks(tmp_path, work)
+    assert isinstance(out[0], ValueError) and "ranks 0 and 1 both wrote 'weights'" in str(out[0])
+    assert list((tmp_path / "store").iterdir()) == []  # nothing published

@@ -50,6 +50,26 @@ class ClusterInfo:
     # segment): what core_context.train.get_experiment_best_validation() starts from.
     experiment_best: float | None = None
 
+    # Determined's ClusterInfo fields that scripts read, as they are for a trial here.
+    @property
+    def task_type(self) -> str:
+        return "TRIAL"
+
+    @property
+    def container_rank(self) -> int:
+        """This process's node in a multi-node trial (torchrun's group rank); 0 on one."""
+        return int(os.environ.get("GROUP_RANK", os.environ.get("HOROVOD_CROSS_RANK", "0")))
+
+    @property
+    def slot_ids(self) -> list[int]:
+        """The GPUs this trial's node was given (CUDA_VISIBLE_DEVICES); [] on CPU."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return [int(v) for v in visible.split(",") if v.strip().isdigit()]
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.trial.experiment_id}.{self.trial.trial_id}"
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=str)
 

@@ -16,6 +16,7 @@ from det_tasks import run_services
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.cluster_info import ClusterInfo
 from det_tasks.core._checkpoint import CheckpointContext
+from det_tasks.core._distributed import DummyDistributedContext
 from det_tasks.core._preempt import PreemptContext, PreemptMode
 from det_tasks.core._searcher import SearcherContext, configured_length
 from det_tasks.core._tensorboard import scalar_writer
@@ -91,7 +92,7 @@ def init(
     MLflow run, S3 store, searcher length and stop requests); off it, local ones."""
     services = run_services.resolved()
     info = services.cluster_info if services is not None else None
-    dist = distributed or DistributedContext()
+    dist = distributed or DummyDistributedContext()
     conf = dict(info.trial.config) if info is not None else {}
     if distributed is None and _launched_size() > 1:
         raise ValueError(

@@ -4,6 +4,7 @@ scripts of examples/core_api have closed-form answers: after ``n`` batches ``x``
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 import threading
@@ -15,6 +16,7 @@ import pytest
 from det_tasks import compat, core, run_services
 from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.cluster_info import ClusterInfo, TrialInfo, launched
+from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, InvalidHP
 from det_tasks.sinks import InMemoryMetricsSink
 
@@ -426,3 +428,15 @@ def test_two_shards_writing_one_file_is_refused_naming_the_ranks(tmp_path):
     out = _two_ranks(tmp_path, work)
     assert isinstance(out[0], ValueError) and "ranks 0 and 1 both wrote 'weights'" in str(out[0])
     assert list((tmp_path / "store").iterdir()) == []  # nothing published
+
+
+def test_determineds_distributed_constructors_and_cluster_info_fields(tmp_path, monkeypatch):
+    assert issubclass(core.DistributedContext, DistributedContext)  # one class underneath
+    if importlib.util.find_spec("deepspeed") is None:
+        with pytest.raises(ImportError, match=r"needs DeepSpeed.*from_torch_distributed"):
+            core.DistributedContext.from_deepspeed()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    info = _info(tmp_path, {})
+    assert (info.task_type, info.container_rank, info.slot_ids) == ("TRIAL", 1, [2, 3])
+    assert info.task_id == "3.7"

@@ -75,7 +75,8 @@ class TrialControl:
 
     def reached(self, steps_completed: int) -> None:
         """The trial reported ``steps_completed`` (a metric or a checkpoint)."""
-        self.steps_completed = max(self.steps_completed, int(steps_completed))
+        if steps_completed > self.steps_completed:
+            self.steps_completed = int(steps_completed)
 
 
 @dataclasses.dataclass(frozen=True)

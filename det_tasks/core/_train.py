@@ -198,6 +198,8 @@ class TrainContext:
 
 
 def _steps(where: str, steps_completed: Any) -> int:
+    if type(steps_completed) is int and steps_completed >= 0:  # the usual case, cheaply
+        return steps_completed
     if isinstance(steps_completed, bool) or not isinstance(steps_completed, numbers.Integral):
         raise TypeError(f"{where}: steps_completed must be an int, got {steps_completed!r}")
     if steps_completed < 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from det_tasks import run_services
+from det_tasks.checkpoints.backends import store_from_config
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
 from det_tasks.cluster_info import ClusterInfo
 from det_tasks.core._checkpoint import CheckpointContext
@@ -177,17 +178,14 @@ def _store_from_argument(storage: str | dict[str, Any]) -> CheckpointStore:
                 "store is used), or give a local folder"
             )
         return LocalDirectoryStore(storage.removeprefix("file://"))
-    if isinstance(storage, dict):
-        kind = storage.get("type")
-        if kind == "shared_fs" and storage.get("host_path"):
-            base = Path(storage["host_path"])
-            return LocalDirectoryStore(base / storage.get("storage_path", ""))
-        if kind == "directory" and storage.get("container_path"):
-            return LocalDirectoryStore(storage["container_path"])
-        raise ConfigError(
-            f"core.init(checkpoint_storage={storage!r}): only type shared_fs (host_path) and "
-            "directory (container_path) are supported; leave it out on the platform"
-        )
+    if isinstance(storage, dict):  # a config's section: its type's local store
+        try:
+            return store_from_config({"checkpoint_storage": storage})
+        except ConfigError as err:
+            raise ConfigError(
+                f"core.init(checkpoint_storage={storage!r}): {err}. On the platform leave "
+                "it out: the trial's store is used"
+            ) from None
     raise TypeError(f"checkpoint_storage must be a str, a dict or None, got {storage!r}")
 
 

@@ -174,6 +174,13 @@ def test_what_is_not_built_is_refused_in_one_line(tmp_path):
             core_context.train.upload_tensorboard_files()
     with pytest.raises(ConfigError, match="cloud URIs are not supported"):
         core.init(checkpoint_storage="s3://bucket/prefix")
+    with pytest.raises(ConfigError, match=r"type 's3' needs the registry's store.*leave it out"):
+        core.init(checkpoint_storage={"type": "s3", "bucket": "bucket"})
+    folder = tmp_path / "fs"
+    ctx = core.init(checkpoint_storage={"type": "shared_fs", "host_path": str(folder)})
+    with ctx, ctx.checkpoint.store_path({"steps_completed": 1}) as (_, storage_id):
+        pass
+    assert (folder / storage_id / "metadata.json").is_file()
 
 
 def test_on_the_platform_a_checkpoint_needs_steps_completed(tmp_path):

@@ -200,6 +200,8 @@ class HeldTrialPlugin(WorkerPlugin):
         self.preempting: set[tuple[str, int]] = set()
         self.last_step_end = 0.0  # monotonic: when this worker's latest step ended
         self.closing = False  # the worker is closing: a running step stops (teardown)
+        # Its Slurm job ends soon (cluster.slurm_warning): no trial is restored here again.
+        self.leaving = False
         self.processes: TrialProcesses | None = None  # the held trial's own processes
 
     def __getstate__(self) -> dict[str, Any]:
@@ -251,6 +253,8 @@ class HeldTrialPlugin(WorkerPlugin):
             and request.start <= held.position <= _bound(request.stop, held)
         ):
             return held, True
+        if self.leaving:  # its job ends soon (cluster.slurm_warning): a trial starts elsewhere
+            raise Reschedule()
         self.make_room_for(spec)
         self.release()
         _train_on_the_workers_share()

@@ -35,9 +35,8 @@ class SlurmWorkerSettings:
     sbatch_args: tuple[str, ...] = ()
     max_jobs: int = 8
     idle_after_s: float = 60.0
-    # Slurm's warning before a job's time limit: SIGTERM to the worker (the job script
-    # execs it), which closes and gives its trial back; it resumes from its last
-    # checkpoint on another worker.
+    # Slurm's warning before a job's time limit (SIGUSR1): the held trial checkpoints
+    # where it stands and gives its slot back, then the worker closes (cluster.slurm_warning).
     warning_s: int = 120
     pool: str = DEFAULT_POOL
     python: str = sys.executable
@@ -77,7 +76,7 @@ class SlurmWorkerSettings:
     def directives(self) -> list[str]:
         """``#SBATCH`` options beyond dask-jobqueue's own (name, partition, CPUs, memory,
         time): account, QoS, GPUs, the warning signal, output, the site's own."""
-        extra = [f"--signal=B:TERM@{self.warning_s}"]
+        extra = [f"--signal=B:USR1@{self.warning_s}"]
         if self.account:
             extra.append(f"--account={self.account}")
         if self.qos:

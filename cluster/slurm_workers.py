@@ -14,8 +14,8 @@ from its last checkpoint, as after any lost worker.
 
 Each job runs one worker as the stack's workers run (``cluster.worker_spec``), with the
 stack's client variables exported, and asks for Slurm's warning signal before its time
-limit (``--signal``): the worker then closes, and its trial resumes from its last
-checkpoint on another worker (``cluster.held_trials``).
+limit (``--signal``): its trial then checkpoints where it stands and resumes on another
+job (``cluster.slurm_warning``).
 The scheduler reads its settings from ``DET_TASKS_SLURM_WORKERS`` (JSON,
 ``SlurmWorkerSettings``) when it preloads this module (``--preload cluster.slurm_workers``).
 """
@@ -50,6 +50,13 @@ __all__ = [
 logger = logging.getLogger("distributed.det_tasks.slurm_workers")
 SLURM_WORKERS_NAME = "det-tasks-slurm-workers"
 TICK_S = 2.0
+# Slurm's time-limit warning reaches the Nanny, which passes it to its worker (both load it).
+_WARNING_PRELOADS = (
+    "--preload",
+    "cluster.slurm_warning",
+    "--preload-nanny",
+    "cluster.slurm_warning",
+)
 CHECK_HANDLER = "det_slurm_check"  # a flow asks it before its first trial (check_slurm)
 
 
@@ -171,7 +178,7 @@ class SlurmWorkers(SchedulerPlugin):
             python=f"exec {shlex.quote(settings.python)}",
             local_directory=settings.local_directory,
             job_extra_directives=settings.directives(),
-            worker_extra_args=spec.cli_args(),
+            worker_extra_args=[*spec.cli_args(), *_WARNING_PRELOADS],
             job_script_prologue=[f"export {k}={shlex.quote(v)}" for k, v in exports.items()],
         )
 

@@ -175,6 +175,7 @@ def assert_bit_equal_and_recorded_once(
     summary: dict[str, Any],
     want: dict[str, Any],
     training_steps: list[int] = TRAINING_STEPS,
+    checkpoint_steps: tuple[int, ...] = (30, 60, 90, 120),
 ) -> Any:
     """The experiment ended as the undisturbed run did (its validation and every weight),
     and MLflow holds each training step of ``training_steps`` once, none missing, and each
@@ -207,7 +208,7 @@ def assert_bit_equal_and_recorded_once(
     validations = mlflow.get_metric_history(trial.info.run_id, "validation/validation_loss")
     assert [m.step for m in validations] == [120], validations
     records = checkpoint_records(mlflow, trial.info.run_id)
-    assert [r["steps_completed"] for r in records] == [30, 60, 90, 120]
+    assert [r["steps_completed"] for r in records] == list(checkpoint_steps)
     experiment = mlflow.get_experiment_by_name(name)
     runs = mlflow.search_runs([experiment.experiment_id])
     assert {r.info.status for r in runs} == {"FINISHED"}

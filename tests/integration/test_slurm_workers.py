@@ -127,6 +127,48 @@ def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_check
     assert_bit_equal_and_recorded_once(cluster, "slurm-scancel", summary, want)
 
 
+def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_resumes(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
+) -> None:
+    """Slurm's warning (``--signal=B:USR1@N``), sent here as Slurm sends it, to the job's
+    batch step: the trial checkpoints at the batch it reached (not one of its every-30
+    checkpoints), the worker job ends, and the trial resumes on a new job bit-equal."""
+    from registry.checkpoints import checkpoint_records
+    from registry.tracking import client_for
+
+    cluster, site = slurm_cluster
+    want = undisturbed_reference(tmp_path / "reference")
+    flow = start_flow(cluster, tmp_path / "home", "slurm-warned", "hyperparameters.sleep_s=0.25")
+    with killed_on_error(flow):
+        trial = wait_for_checkpoints(cluster, flow, "slurm-warned")
+        (first,) = _jobs(site)
+        job_id = first.split()[0]
+        warned = subprocess.run(
+            ["scancel", "--batch", "--signal=USR1", job_id],
+            env={**os.environ, **slurm.client_env(site)}, timeout=30,
+        )  # fmt: skip
+        assert warned.returncode == 0
+        _wait("the warned job's end", 120, lambda: _running(flow) and _gone(site, job_id))
+    summary, err = finished_flow(flow, timeout_s=600)
+    assert "preempted at batch" in err, err[-3000:]
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    steps = [r["steps_completed"] for r in checkpoint_records(mlflow, trial.info.run_id)]
+    where = [s for s in steps if s % 30]
+    assert len(where) == 1, steps  # the warning's checkpoint, where the trial stood
+    assert_bit_equal_and_recorded_once(
+        cluster,
+        "slurm-warned",
+        summary,
+        want,
+        sorted({30, 60, 90, 100, 120, *where}),
+        tuple(sorted({30, 60, 90, 120, *where})),
+    )
+
+
+def _gone(site: slurm.SlurmSite, job_id: str) -> bool:
+    return all(line.split()[0] != job_id for line in _jobs(site))
+
+
 def _other_job(site: slurm.SlurmSite, gone: str) -> bool:
     return any(line.split()[0] != gone for line in _jobs(site))
 

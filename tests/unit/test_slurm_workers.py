@@ -48,7 +48,7 @@ def test_directives_carry_account_qos_gres_warning_and_the_sites_own_args() -> N
         sbatch_args=("--exclusive", "--constraint=ib"),
     )  # fmt: skip
     assert settings.directives() == [
-        "--signal=B:TERM@90", "--account=ml", "--qos=high", "--gres=gpu:a100:2",
+        "--signal=B:USR1@90", "--account=ml", "--qos=high", "--gres=gpu:a100:2",
         "--exclusive", "--constraint=ib",
     ]  # fmt: skip
 
@@ -70,14 +70,16 @@ def test_the_job_script_runs_one_det_tasks_worker_in_place_of_its_shell() -> Non
     script = _job_script(settings)
     assert "#SBATCH -J det-worker-1" in script
     assert "#SBATCH -p batch" in script and "#SBATCH -t 00:30:00" in script
-    assert "#SBATCH --signal=B:TERM@120" in script
+    assert "#SBATCH --signal=B:USR1@120" in script
     assert "export MLFLOW_TRACKING_URI=http://h:5000" in script
     command = next(line for line in script.splitlines() if "dask_worker" in line)
     argv = shlex.split(command)
     assert argv[0] == "exec"
     spec = settings.worker_spec()
-    # The spec's options come last, so they win over dask-jobqueue's own.
-    assert argv[-len(spec.cli_args()) :] == spec.cli_args()
+    # The spec's options come after dask-jobqueue's own, so they win; then the warning's.
+    tail = [*spec.cli_args(), "--preload", "cluster.slurm_warning"]
+    assert argv[-len(tail) - 2 : -2] == tail
+    assert argv[-2:] == ["--preload-nanny", "cluster.slurm_warning"]
     assert "cluster.held_trials" in argv and "pool-default=1" in command
 
 

@@ -29,9 +29,12 @@ from the command's start: the command's return, the flow run's creation, the Pre
 worker's pickup (Pending), the flow run Running (its process started), the first task
 started (the queue let the trial start), the trial's MLflow run, and its first trained
 batch (the first training metric's timestamp). Target: first batch <= 5 s. With
-``--baseline-src DIR`` (another checkout) its ``det`` and its flow code (the flow-run
-process's PYTHONPATH, set on the deployment before each experiment) take turns with this
-tree's on the same stack: one column each.
+``--baseline-src DIR`` (another checkout) its ``det experiment create`` takes turns with
+this tree's on the same stack: one column each. The flow runs are the stack's worker's, so
+this checkout's flow code in both columns: Prefect 3.8's process worker resolves the flow
+run's code paths itself (prefect/runner/_workspace_starter.py). A PYTHONPATH and
+working_dir set on the deployment were tried; both columns' flow phases still showed this
+tree's imports, so the columns differ by ``det experiment create`` alone.
 
     python bench/flow_latency.py [--repeats 3] [--deployment |
                                   --create [--port-offset N] [--baseline-src DIR] [-v]]
@@ -292,32 +295,12 @@ def _ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
     return seen if "COMPLETED" in seen else None
 
 
-def use_flow_code(env: dict[str, str], src: Path, deployment: str = "experiment/submitted") -> None:
-    """Make the stack's worker run ``deployment``'s next flow runs with the code of ``src``
-    (the flow-run process's PYTHONPATH, a job variable): the two trees compared share one
-    stack."""
-    from bench.det_latency import prefect_get
-
-    found: Any = prefect_get(env, f"/deployments/name/{deployment}")
-    variables = dict(found.get("job_variables") or {})
-    variables["env"] = {**(variables.get("env") or {}), "PYTHONPATH": str(src)}
-    import urllib.request
-
-    request = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}/deployments/{found['id']}",
-        data=json.dumps({"job_variables": variables}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="PATCH",
-    )
-    urllib.request.urlopen(request, timeout=10).close()
-
-
 def create_to_first_batch(
     repeats: int, port_offset: int, verbose: bool = False, baseline: Path | None = None
 ) -> None:
     """Issue 53 item 4: one line per phase (median, min-max) over ``repeats`` experiments;
-    with ``baseline`` (another checkout), its ``det`` and flow code too, interleaved on the
-    same stack."""
+    with ``baseline`` (another checkout), its ``det experiment create`` too, interleaved on
+    the same stack (whose worker runs this checkout's flow for both)."""
     import shutil
 
     from bench.det_latency import MODEL, Det, a_stack
@@ -335,12 +318,10 @@ def create_to_first_batch(
                 dets.append(Det("baseline", baseline.resolve(), env, workdir))
             rows: dict[str, list[dict[str, float]]] = {det.name: [] for det in dets}
             for det in dets:  # warm-ups, not counted
-                use_flow_code(env, det.src)
                 create_phases(det, env, f"bench-create-warmup-{det.name[0]}-{os.getpid()}")
             before = os.getloadavg()[0]
             for i in range(repeats):
                 for det in dets:
-                    use_flow_code(env, det.src)
                     name = f"bench-create-{det.name[0]}-{os.getpid()}-{i}"
                     rows[det.name].append(create_phases(det, env, name))
     print(f"load average (1 min) before {before:.2f}, after {os.getloadavg()[0]:.2f}; "

@@ -6,6 +6,7 @@ Prefect, Dask, torch) is never imported."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,11 +14,13 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.unit.test_det_rest import FakeServers
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("mlflow", "prefect", "torch", "distributed", "boto3", "pandas")
@@ -37,21 +40,11 @@ VERSIONS = {
 }
 
 
-class Registry(BaseHTTPRequestHandler):
-    """MLflow's registry routes: models two to a page, so the reader must follow pages."""
+class Registry(FakeServers):
+    """MLflow's registry routes (test_det_rest's JSON answers): models two to a page, so
+    the reader must follow pages."""
 
     requests: list[str] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, body: Any, status: int = 200) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         url = urllib.parse.urlparse(self.path)
@@ -77,16 +70,23 @@ class Registry(BaseHTTPRequestHandler):
         return self._send({"error_code": "ENDPOINT_NOT_FOUND", "message": "no"}, 404)
 
 
-@pytest.fixture
-def registry() -> Iterator[str]:
-    Registry.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+@contextlib.contextmanager
+def serving(handler: type[FakeServers]) -> Iterator[str]:
+    """``handler`` on a loopback port: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def registry() -> Iterator[str]:
+    Registry.requests = []
+    with serving(Registry) as url:
+        yield url
 
 
 def det_alone(url: str, *argv: str) -> tuple[int, str, str, list[str]]:
@@ -146,17 +146,12 @@ def test_a_registry_elsewhere_keeps_mlflows_client(monkeypatch):
     assert not isinstance(reader_for("http://mlflow:5000"), MlflowReader)
 
 
-class Servers(BaseHTTPRequestHandler):
+class Servers(FakeServers):
     """Prefect's deployment routes under /api and MLflow's experiment routes, recording
     what they are sent; ``experiments`` is MLflow's store (name -> record)."""
 
     sent: list[tuple[str, str, Any]] = []
     experiments: dict[str, dict[str, Any]] = {}
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    _send = Registry._send
 
     def _record(self, method: str) -> tuple[str, dict[str, Any]]:
         url = urllib.parse.urlparse(self.path)
@@ -193,13 +188,8 @@ class Servers(BaseHTTPRequestHandler):
 @pytest.fixture
 def servers() -> Iterator[str]:
     Servers.sent, Servers.experiments = [], {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Servers)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Servers) as url:
+        yield url
 
 
 def test_create_starts_its_flow_run_as_run_deployment_does(servers, monkeypatch):

@@ -34,10 +34,14 @@ this tree's on the same stack: one column each. The flow runs are the stack's wo
 this checkout's flow code in both columns: Prefect 3.8's process worker resolves the flow
 run's code paths itself (prefect/runner/_workspace_starter.py). A PYTHONPATH and
 working_dir set on the deployment were tried; both columns' flow phases still showed this
-tree's imports, so the columns differ by ``det experiment create`` alone.
+tree's imports, so the columns differ by ``det experiment create`` alone. ``--settle-s S``
+pauses before each experiment: the bench waits only for the flow run before to be
+Completed, and a quick ``create`` otherwise starts the next flow while the stack still ends
+the last trial.
 
     python bench/flow_latency.py [--repeats 3] [--deployment |
-                                  --create [--port-offset N] [--baseline-src DIR] [-v]]
+                                  --create [--port-offset N] [--baseline-src DIR]
+                                  [--settle-s S] [-v]]
 """
 
 from __future__ import annotations
@@ -296,11 +300,16 @@ def _ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
 
 
 def create_to_first_batch(
-    repeats: int, port_offset: int, verbose: bool = False, baseline: Path | None = None
+    repeats: int,
+    port_offset: int,
+    verbose: bool = False,
+    baseline: Path | None = None,
+    settle_s: float = 0.0,
 ) -> None:
     """Issue 53 item 4: one line per phase (median, min-max) over ``repeats`` experiments;
     with ``baseline`` (another checkout), its ``det experiment create`` too, interleaved on
-    the same stack (whose worker runs this checkout's flow for both)."""
+    the same stack (whose worker runs this checkout's flow for both). ``settle_s``: a pause
+    before each experiment, for the stack to finish ending the one before."""
     import shutil
 
     from bench.det_latency import MODEL, Det, a_stack
@@ -322,6 +331,7 @@ def create_to_first_batch(
             before = os.getloadavg()[0]
             for i in range(repeats):
                 for det in dets:
+                    time.sleep(settle_s)
                     name = f"bench-create-{det.name[0]}-{os.getpid()}-{i}"
                     rows[det.name].append(create_phases(det, env, name))
     print(f"load average (1 min) before {before:.2f}, after {os.getloadavg()[0]:.2f}; "
@@ -346,9 +356,13 @@ def main() -> None:
     parser.add_argument("--port-offset", type=int, default=0, help="--create: shift its ports")
     parser.add_argument("-v", "--verbose", action="store_true", help="--create: the flow logs")
     parser.add_argument("--baseline-src", type=Path, help="--create: another tree beside this")
+    parser.add_argument("--settle-s", type=float, default=0.0,
+                        help="--create: pause before each experiment (default 0)")  # fmt: skip
     args = parser.parse_args()
     if args.create:
-        create_to_first_batch(args.repeats, args.port_offset, args.verbose, args.baseline_src)
+        create_to_first_batch(
+            args.repeats, args.port_offset, args.verbose, args.baseline_src, args.settle_s
+        )
         return
     # No system-metrics sampler in the trials this script starts: it would time it too.
     os.environ["DET_TASKS_SYSTEM_METRICS_INTERVAL"] = "0"

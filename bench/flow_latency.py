@@ -348,7 +348,7 @@ def create_to_first_batch(
         print("\n".join(_LOG_LINES))
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deployment", action="store_true", help="also measure item 4")
@@ -358,7 +358,11 @@ def main() -> None:
     parser.add_argument("--baseline-src", type=Path, help="--create: another tree beside this")
     parser.add_argument("--settle-s", type=float, default=0.0,
                         help="--create: pause before each experiment (default 0)")  # fmt: skip
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     if args.create:
         create_to_first_batch(
             args.repeats, args.port_offset, args.verbose, args.baseline_src, args.settle_s

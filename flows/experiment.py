@@ -89,9 +89,8 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from cluster.environment import SCHEDULER_ENV
-from cluster.pools import DEFAULT_POOL
 from det_tasks.config import ExperimentConfig
-from det_tasks.config.experiment_name import experiment_name, named
+from det_tasks.config.experiment_name import named
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
 from det_tasks.searcher import Searcher, Work, make_searcher, trials_at_once
@@ -100,7 +99,7 @@ from flows.embedded import (
     start_shielded_prefect_server,
     use_embedded_defaults,
 )
-from flows.job_settings import check_pool, job_settings
+from flows.job_seat import queued_chains
 from flows.lifecycle import continue_lines
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from registry.experiment_setup import mlflow_link
@@ -291,7 +290,7 @@ def _train(
     from flows.stopping import StopControl
 
     with dask_client(limit, gpu_slots=cfg.resources.slots_per_trial) as client:
-        trials = _queued_chains(chains, client, cfg, run_key, limit)
+        trials = queued_chains(chains, client, cfg, run_key, limit)
         stop = StopControl(client, run_key, runs.client, runs.parent_run_id, _prefect_cancelling)
         if activated:
             stop.clear()  # the request that paused it is spent
@@ -312,53 +311,6 @@ def _train(
         trials.wait_releases()
         released = release_everywhere(client, run_key, stop.state)
     return best, released, stop
-
-
-def _queued_chains(
-    chains: Callable[[Placement], TrialChains],
-    client: Any,
-    cfg: ExperimentConfig,
-    run_key: str,
-    limit: int,
-) -> TrialChains:
-    """The experiment's chains on its resource pool's workers, with a seat in the
-    cluster's job queue (cluster.job_queue) that decides when each trial starts."""
-    from cluster.job_slots import JobSlots, cluster_pools, pool_resource
-    from cluster.placement import Placement
-
-    pools = cluster_pools(client)
-    if pools is None:
-        get_run_logger().warning(
-            "the Dask scheduler cannot run the job queue (install det-tasks where it runs): "
-            "this experiment shares its workers first come, first served"
-        )
-        return chains(Placement(client, run_key))
-    pool = cfg.resources.resource_pool or DEFAULT_POOL
-    check_pool(pools, pool)  # before any trial: the config names a pool that is not there
-    _check_slurm(client, cfg)
-    placement = Placement(client, run_key, pool)
-    trials = chains(placement)
-    name = experiment_name(cfg.name, trials.config_path)
-    trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))
-    trials.pool_resource = pool_resource(pools, pool)
-    return trials
-
-
-def _check_slurm(client: Any, cfg: ExperimentConfig) -> None:
-    """Where workers are Slurm jobs, Slurm's refusal of this experiment's worker jobs
-    fails it before any trial (``sbatch --test-only``); a ``slurm:`` section elsewhere
-    is said to have no effect."""
-    from cluster.slurm_workers import check_slurm
-
-    section = cfg.slurm.model_dump() if cfg.slurm is not None else None
-    on_slurm, refused = check_slurm(client, section)
-    if refused:
-        raise ConfigError(f"slurm: {refused}")
-    if not on_slurm and section is not None:
-        get_run_logger().warning(
-            "`slurm:` has no effect here: this cluster's workers are not Slurm jobs "
-            "(docs/operations/slurm.md)"
-        )
 
 
 def _tracking_settings() -> tuple[RegistrySettings, str]:

@@ -8,17 +8,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cluster.slurm_workers import SlurmWorkerSettings
 from infra import hosts as hosts_lib
 from infra import netns, slurm, stack
-from tests.integration.helpers import isolated_stack_config
+from tests.integration.helpers import isolated_stack_config, wait_for
 from tests.integration.hosts_helpers import (
     assert_bit_equal_and_recorded_once,
     finished_flow,
@@ -80,16 +78,6 @@ def _running(flow: subprocess.Popen[str]) -> bool:
     return True
 
 
-def _wait(what: str, timeout_s: float, check: Any) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"no {what} within {timeout_s:.0f} s")
-
-
 def test_a_trial_gets_a_worker_job_on_demand_trains_bit_equal_and_the_job_goes_when_idle(
     slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
 ) -> None:
@@ -98,13 +86,13 @@ def test_a_trial_gets_a_worker_job_on_demand_trains_bit_equal_and_the_job_goes_w
     want = undisturbed_reference(tmp_path / "reference")
     flow = start_flow(cluster, tmp_path / "home", "slurm-xor")
     with killed_on_error(flow):
-        jobs = _wait("worker job", 120, lambda: _running(flow) and _jobs(site))
+        jobs = wait_for(lambda: _running(flow) and _jobs(site), 120, "worker job")
     assert len(jobs) == 1 and "det-worker" in jobs[0], jobs  # one trial, one worker job
     summary, err = finished_flow(flow, timeout_s=600)
     assert_bit_equal_and_recorded_once(cluster, "slurm-xor", summary, want)
     assert any(f"on host {node}" in err for node in site.nodes), err[-3000:]
     # Idle for the default minute once the experiment ended: given back to Slurm.
-    _wait("release of the idle worker job", 180, lambda: _jobs(site) == [])
+    wait_for(lambda: _jobs(site) == [], 180, "release of the idle worker job")
 
 
 def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_checkpoint(
@@ -122,7 +110,7 @@ def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_check
         )
         assert done.returncode == 0
         # The slot is still wanted: another job is submitted and the trial resumes there.
-        _wait("a second worker job", 120, lambda: _running(flow) and _other_job(site, job_id))
+        wait_for(lambda: _running(flow) and _other_job(site, job_id), 120, "a second worker job")
     summary, _ = finished_flow(flow, timeout_s=600)
     assert_bit_equal_and_recorded_once(cluster, "slurm-scancel", summary, want)
 
@@ -148,7 +136,7 @@ def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_
             env={**os.environ, **slurm.client_env(site)}, timeout=30,
         )  # fmt: skip
         assert warned.returncode == 0
-        _wait("the warned job's end", 120, lambda: _running(flow) and _gone(site, job_id))
+        wait_for(lambda: _running(flow) and _gone(site, job_id), 120, "the warned job's end")
     summary, err = finished_flow(flow, timeout_s=600)
     assert "preempted at batch" in err, err[-3000:]
     mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,examples,platform,optuna,docs
+EXTRAS ?= dev,examples,platform,optuna,docs,transformers
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install horovod check lint typecheck docs test test-slow test-gpu demo demo-local bench clean up down deploy

@@ -11,6 +11,7 @@ nothing there imports it: a caller that loads checkpoints whose code imports
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -41,10 +42,30 @@ def is_installed() -> bool:
     return getattr(sys.modules.get(_PREFIX), "__det_tasks_compat__", False)
 
 
+# Aliases imported only when asked for: their modules import an optional extra.
+_LAZY = {"determined.transformers": "det_tasks.transformers"}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Serves a ``determined.*`` name with a det_tasks module, imported on first use."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: Any) -> None:
+        """The target module ran when it was imported."""
+
+
 class _Refuser(importlib.abc.MetaPathFinder):
-    """Explains which ``determined.*`` modules the compatibility layer does not provide."""
+    """Serves the lazy aliases, and explains which ``determined.*`` modules the
+    compatibility layer does not provide."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname in _LAZY and is_installed() and fullname not in sys.modules:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(_LAZY[fullname]))
         if fullname.startswith(_PREFIX + ".") and is_installed() and fullname not in sys.modules:
             hint = _names.hint(fullname)
             raise ImportError(
@@ -54,6 +75,7 @@ class _Refuser(importlib.abc.MetaPathFinder):
                     if hint
                     else "; it serves determined, determined.pytorch (+ samplers, "
                     "experimental), determined.core (the Core API), "
+                    "determined.experimental.core_v2, determined.transformers, "
                     "determined.tensorboard.metric_writers.pytorch"
                 )
             )

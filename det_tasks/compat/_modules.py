@@ -6,7 +6,7 @@ import importlib.machinery
 import types
 from typing import Any
 
-from det_tasks import cluster_info, core, pytorch, run_services
+from det_tasks import cluster_info, core, core_v2, pytorch, run_services
 from det_tasks.compat import _names
 from det_tasks.errors import InvalidHP
 from det_tasks.pytorch import Batch, Epoch, experimental, samplers
@@ -60,6 +60,7 @@ def build() -> dict[str, types.ModuleType]:
         core=det_core,
         tensorboard=tensorboard,
         errors=errors,
+        experimental=_experimental(),
         TrialContext=pytorch.PyTorchTrialContext,
         LegacyTrial=pytorch.PyTorchTrial,
         Trial=pytorch.PyTorchTrial,
@@ -73,7 +74,7 @@ def build() -> dict[str, types.ModuleType]:
         __version__="0.38.1+det_tasks",
         **{name: _names.unsupported(name) for name in _names.UNSUPPORTED},
     )
-    for module in (det, det_pytorch, det_core):
+    for module in (det, det_pytorch, det_core, det.experimental):
         served = [n for n in vars(module) if not n.startswith("_")]
         module.__dict__["__getattr__"] = _names.missing_attribute(module.__name__, served)
     return {
@@ -83,10 +84,20 @@ def build() -> dict[str, types.ModuleType]:
         "determined.pytorch.samplers": det_pytorch.samplers,  # type: ignore[attr-defined]
         "determined.pytorch.experimental": det_pytorch.experimental,  # type: ignore[attr-defined]
         "determined.core": det_core,
+        "determined.experimental": det.experimental,  # type: ignore[attr-defined]
+        "determined.experimental.core_v2": core_v2,
         "determined.tensorboard": tensorboard,
         "determined.tensorboard.metric_writers": writers,
         "determined.tensorboard.metric_writers.pytorch": writers_pytorch,
     }
+
+
+def _experimental() -> types.ModuleType:
+    """``determined.experimental``: its ``core_v2`` is the package itself, not a copy, as
+    ``core_v2.init()`` sets the package's globals (``core_v2.train``...)."""
+    return _module(
+        "determined.experimental", "Determined's experimental API: core_v2", core_v2=core_v2
+    )
 
 
 def _public(name: str, package: types.ModuleType) -> types.ModuleType:

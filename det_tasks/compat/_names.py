@@ -67,11 +67,12 @@ _SUBPACKAGES = {
     "(dummy) parts itself: use core.init()",
     "determined.core.DummySearcherContext": "core.init() off the platform gives the local "
     "(dummy) parts itself: use core.init()",
-    "determined.experimental": "neither its client (use MLflow's client, or `det`, for "
-    "experiment queries) nor core_v2 (unmanaged runs: run the script with `det-tasks run "
-    "CONFIG` and det.core.init()) is supported",
-    "determined.transformers": "the Hugging Face DetCallback is not supported yet: report "
-    "from a TrainerCallback with det.core.init()'s core_context.train and checkpoint",
+    "determined.experimental.Determined": "Determined's Python client is not supported: "
+    "query experiments with `det` or MLflow's client (registry.tracking.client_for)",
+    "determined.experimental.client": "Determined's Python client is not supported: query "
+    "experiments with `det` or MLflow's client",
+    "determined.experimental.checkpoint": "use `det checkpoint download` or det_tasks."
+    "compat.load_trial_from_checkpoint_path",
 }
 
 

@@ -321,8 +321,6 @@ def test_auto_tensorboard_mode_writes_determineds_tags_into_the_platforms_folder
     ("statement", "says"),
     [
         ("from determined.core import ProfilerContext", "profiler is not supported"),
-        ("import determined.transformers", "DetCallback is not supported yet"),
-        ("from determined.experimental import core_v2", "core_v2 .*is supported"),
         ("from determined.core import DummyTrainContext", "use core.init"),
     ],
 )

@@ -19,7 +19,7 @@ from det_tasks.cluster_info import ClusterInfo
 from det_tasks.core._checkpoint import CheckpointContext
 from det_tasks.core._distributed import DummyDistributedContext
 from det_tasks.core._preempt import PreemptContext, PreemptMode
-from det_tasks.core._searcher import SearcherContext, configured_length
+from det_tasks.core._searcher import SearcherContext, configured_length, rung_stop
 from det_tasks.core._tensorboard import scalar_writer
 from det_tasks.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from det_tasks.distributed import DistributedContext
@@ -114,7 +114,9 @@ def init(
         store, sink, dist, control, _describer(train, info), steps_required=info is not None
     )
     searcher = _searcher(dist, services, conf)
-    preempt = PreemptContext(control, dist, preempt_mode)
+    length = services.searcher_length if services is not None else None
+    stop_here = rung_stop(searcher, length, conf, control)
+    preempt = PreemptContext(control, dist, preempt_mode, stop_here)
     return Context(checkpoint, dist, preempt, train, searcher, info)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from det_tasks.distributed import DistributedContext
@@ -38,11 +39,16 @@ class PreemptContext:
         control: TrialControl,
         dist: DistributedContext,
         preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+        searcher_stop: Callable[[], bool] | None = None,
     ) -> None:
         self._control = control
         self._dist = dist
         self._mode = PreemptMode(preempt_mode)
         self._started = False
+        # True once the searcher wants the trial to stop where it is (an ASHA rung reached):
+        # Determined 0.38 tells a script so through should_preempt(), not acknowledged as a
+        # pause (the trial's segment ends; the searcher may continue it later).
+        self._searcher_stop = searcher_stop or (lambda: False)
 
     def start(self) -> PreemptContext:
         if self._started:
@@ -73,6 +79,8 @@ class PreemptContext:
             out = self._control.should_preempt()
             if auto_ack and out and not self._control.acknowledged:
                 self.acknowledge_preemption_signal()
+            if not out and self._searcher_stop():
+                out = True
             if self._mode == PreemptMode.WorkersAskChief:
                 self._dist.broadcast(out)
             return out

@@ -8,13 +8,13 @@ from __future__ import annotations
 import enum
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from det_tasks.distributed import DistributedContext
-from det_tasks.run_services import RunServices
+from det_tasks.run_services import RunServices, TrialControl
 
-__all__ = ["SearcherContext", "SearcherMode", "SearcherOperation", "Unit"]
+__all__ = ["SearcherContext", "SearcherMode", "SearcherOperation", "Unit", "rung_stop"]
 
 log = logging.getLogger("determined.core")
 
@@ -91,11 +91,13 @@ class SearcherContext:
         self._length = length
         self._units = units
         self._services = services
+        self.operations_used = False  # a legacy script: its operation's length ends it
 
     def operations(
         self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief, auto_ack: bool = True
     ) -> Iterator[SearcherOperation]:
         warnings.warn(_DEPRECATED, FutureWarning, stacklevel=2)
+        self.operations_used = True
         mode = SearcherMode(searcher_mode)
         if self._dist.rank == 0:
             op = SearcherOperation(self._length, True, self._services)
@@ -139,3 +141,46 @@ def configured_length(
         ((unit, value),) = max_length.items()
         return int(value), units.get(unit)
     return None, None
+
+
+def rung_stop(
+    searcher: SearcherContext,
+    searcher_length: dict[str, int] | None,
+    conf: dict[str, Any],
+    control: TrialControl,
+) -> Callable[[], bool]:
+    """Whether a script that does not use ``operations()`` (Determined 0.38's form) has
+    reached the length the searcher gave it: an ASHA rung, or ASHA's ``max_time`` (0.38's
+    ASHA stops a trial at its top rung too). Other searchers let the script decide how long
+    it trains, unless the platform runs it for less than the trial's length."""
+    length = (searcher_length or {}).get("batches")
+    section = conf.get("searcher") or {}
+    full = _full_length_in_batches(section)
+    if length is None or (
+        section.get("name") != "adaptive_asha" and (full is None or length >= full)
+    ):
+        return lambda: False
+    said: list[bool] = []
+
+    def reached() -> bool:
+        if searcher.operations_used or control.steps_completed < length:
+            return False
+        if not said:
+            said.append(True)
+            log.info(
+                "the searcher's length, batch %d, is reached: should_preempt() is True", length
+            )
+        return True
+
+    return reached
+
+
+def _full_length_in_batches(section: dict[str, Any]) -> int | None:
+    """The trial's whole length in batches from the config's searcher section, if it has
+    one: ``max_length: {batches: N}``, or ``time_metric: batches`` with ``max_time``."""
+    max_length = section.get("max_length")
+    if isinstance(max_length, dict) and set(max_length) == {"batches"}:
+        return int(max_length["batches"])
+    if section.get("time_metric") == "batches" and section.get("max_time") is not None:
+        return int(section["max_time"])
+    return None

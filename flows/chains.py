@@ -376,6 +376,8 @@ class TrialChains:
     def _label(self, stop: int | None) -> str:
         if stop is not None:
             return str(stop)
+        if not self.cfg.has_max_length:  # a script that decides how long it trains
+            return "end"
         length = self.cfg.max_length
         return str(length.value) if length.unit == "batches" else f"{length.value} {length.unit}"
 

@@ -358,7 +358,7 @@ def _settle_core_script(
     stopped = control.acknowledged
     value = max_length.value if isinstance(max_length, Batch) else None
     batches = value if isinstance(value, int) else None
-    length = batches if batches is not None or stopped else trained
+    length = batches if stopped else trained  # returned unasked: finished, as in Determined
     services.record_position(
         trained, length, control.early_exit == "EXITED_REASON_USER_REQUESTED_STOP"
     )

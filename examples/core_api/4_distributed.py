@@ -1,7 +1,9 @@
 """Stage 4 of the Core API tutorial: the counter on several processes.
 
 ``entrypoint: python3 -m determined.launch.torch_distributed python3 4_distributed.py``
-with ``resources.slots_per_trial: 2`` starts two processes (torchrun, Gloo on CPU). Rank
+with ``resources.slots_per_trial: 2`` starts two processes (torchrun, Gloo on CPU);
+``python3 -m determined.launch.horovod python3 4_distributed.py`` (``distributed_horovod.yaml``)
+starts them with horovodrun, and the script joins through ``from_horovod(hvd)``. Rank
 ``r`` adds ``increment_by * (r + 1)`` each batch; every 10 batches the ranks sum their
 counters (``allgather``) and the chief reports the sum; every rank stores its own counter
 in one sharded checkpoint (``store_path(shard=True)``) and asks ``should_preempt()`` in step
@@ -9,6 +11,7 @@ in one sharded checkpoint (``store_path(shard=True)``) and asks ``should_preempt
 (``restore_path``: the node's chief fetches it) and take their own counter back."""
 
 import logging
+import os
 
 import determined as det
 
@@ -42,6 +45,12 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)
     info = det.get_cluster_info()
     assert info is not None, "run it with det-tasks run distributed.yaml"
-    distributed = det.core.DistributedContext.from_torch_distributed()
+    if "HOROVOD_RANK" in os.environ:  # python3 -m determined.launch.horovod python3 ...
+        import horovod.torch as hvd
+
+        hvd.init()
+        distributed = det.core.DistributedContext.from_horovod(hvd)
+    else:
+        distributed = det.core.DistributedContext.from_torch_distributed()
     with det.core.init(distributed=distributed) as core_context:
         main(core_context, info.latest_checkpoint, info.trial.hparams)

@@ -7,6 +7,7 @@ counter's value is closed-form: ``x = batch * increment_by``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -131,16 +132,30 @@ def test_prefect_deployment_run_of_a_core_api_script(deployed):
     assert_counter_run(client, trial, 3, 20)
 
 
-def test_det_experiment_create_with_the_torch_distributed_launcher(deployed):
+LAUNCHERS = [
+    ("distributed.yaml", "core-api-torchrun"),
+    pytest.param(
+        "distributed_horovod.yaml",
+        "core-api-horovod",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("horovod") is None,
+            reason="Horovod is not installed (make horovod)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "name"), LAUNCHERS)
+def test_det_experiment_create_with_a_launcher(deployed, config, name):
     """Stage 4 (``python3 -m determined.launch.torch_distributed python3 4_distributed.py``,
-    two ranks) through ``det experiment create``: the chief reports the ranks' sum, rank r
-    adding ``increment_by * (r + 1)`` a batch, so 2 * (1 + 2) * n after n batches; one
-    sharded checkpoint holds both ranks' counters."""
+    or ``determined.launch.horovod``; two ranks) through ``det experiment create``: the
+    chief reports the ranks' sum, rank r adding ``increment_by * (r + 1)`` a batch, so
+    2 * (1 + 2) * n after n batches; one sharded checkpoint holds both ranks' counters."""
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
-    exp_id = create("distributed.yaml", "core-api-torchrun", "hyperparameters.batches=20")
+    exp_id = create(config, name, "hyperparameters.batches=20")
     waited = det("experiment", "wait", exp_id, "--polling-interval", "1", timeout=600)
     assert waited.returncode == 0, waited.stdout[-2000:] + waited.stderr[-2000:]
-    _, (trial,) = trial_runs(client, "core-api-torchrun")
+    _, (trial,) = trial_runs(client, name)
     run_id = trial.info.run_id
     assert history(client, run_id, "training/x") == [(10, 60.0), (20, 120.0)]
     assert history(client, run_id, "validation/x") == [(20, 120.0)]

@@ -11,6 +11,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from det_tasks.checkpoints.references import open_checkpoint_uri
 from registry.checkpoints import checkpoint_records
 from registry.tracking import client_for
 
@@ -66,6 +67,8 @@ def test_unmanaged_script_reports_to_mlflow_and_s3_and_is_listed(stack, tmp_path
     assert set(records[0]) == RECORD_KEYS
     assert records[0]["uri"] == f"runs:/{run_id}/checkpoints/{records[0]['uuid']}"
     assert records[0]["s3_uri"].startswith("s3://") and records[0]["bytes"] > 0
+    with open_checkpoint_uri(records[0]["uri"]) as path:  # fetched from S3
+        assert (path / "state").read_text() == "90"
     for run in (client.get_run(parent.info.run_id), client.get_run(run_id)):
         assert (run.info.status, run.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
     assert trial.data.tags["det.trial_id"] == "1"

@@ -56,17 +56,15 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def test_det_callback_stops_and_resumes_to_the_uninterrupted_weights(stack, tmp_path):
-    whole = subprocess.run(
-        _det_tasks_run(str(CONFIG), "--checkpoint-dir", str(tmp_path / "whole")),
-        cwd=tmp_path,
-        env=home_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    expected = _weights(Path(_summary(whole.stdout)["checkpoint"]))
-
+    whole_out, whole_err = tmp_path / "whole.out", tmp_path / "whole.err"
+    with whole_out.open("w") as out, whole_err.open("w") as err:
+        whole = subprocess.Popen(  # the uninterrupted run, beside the stopped one
+            _det_tasks_run(str(CONFIG), "--checkpoint-dir", str(tmp_path / "whole")),
+            cwd=tmp_path,
+            env=home_env(tmp_path),
+            stdout=out,
+            stderr=err,
+        )
     stopped = subprocess.Popen(
         _det_tasks_run(str(CONFIG), *SLOW),
         cwd=tmp_path,
@@ -98,6 +96,9 @@ def test_det_callback_stops_and_resumes_to_the_uninterrupted_weights(stack, tmp_
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert whole.wait(timeout=300) == 0, whole_err.read_text()[-3000:]
+    whole_summary = _summary(whole_out.read_text())
+    expected = _weights(Path(whole_summary["checkpoint"]))
     assert "latest checkpoint downloaded to" in resumed.stderr
     final = _summary(resumed.stdout)["checkpoint"]
     with open_checkpoint_uri(final) as path:
@@ -109,7 +110,7 @@ def test_det_callback_stops_and_resumes_to_the_uninterrupted_weights(stack, tmp_
     losses = _history(client, resumed_id, "training/loss")
     assert [step for step, _ in losses][-(12 - batch) :] == list(range(batch + 1, 13))
     evals = dict(_history(client, resumed_id, "validation/eval_loss"))
-    assert evals[12] == _summary(whole.stdout)["validation"]["eval_loss"]
+    assert evals[12] == whole_summary["validation"]["eval_loss"]
 
 
 def _first_checkpoint(client, proc: subprocess.Popen) -> str:

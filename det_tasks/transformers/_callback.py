@@ -57,6 +57,7 @@ class DetCallback(transformers.TrainerCallback):  # type: ignore[misc]
                 "DetCallback needs a launched trial (det.get_cluster_info() is None): run the "
                 "script with `det-tasks run CONFIG` or `det experiment create CONFIG .`"
             )
+        self.info = info
         self.load_last_checkpoint(args, info)
         self.last_metrics: dict[str, Any] = {"train_step": -1, "eval_step": -1}
         self.searcher_ops = core_context.searcher.operations()
@@ -117,16 +118,12 @@ class DetCallback(transformers.TrainerCallback):  # type: ignore[misc]
         control: transformers.TrainerControl,
         **kwargs: Any,
     ) -> None:
-        info = cluster_info.get_cluster_info()
         step = state.global_step
         folder = os.path.join(str(args.output_dir), f"checkpoint-{step}")
         if state.is_world_process_zero and self.user_data is not None:
             with open(os.path.join(folder, "my_data.json"), "w", encoding="utf-8") as f:
                 json.dump(self.user_data, f)
-        metadata = {
-            "steps_completed": step,
-            "trial_id": info.trial.trial_id if info is not None else None,
-        }
+        metadata = {"steps_completed": step, "trial_id": self.info.trial.trial_id}
 
         def selector(path: str) -> bool:
             return path.startswith((f"checkpoint-{step}/", "runs/"))

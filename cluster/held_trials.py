@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import json
 import multiprocessing
 import os
@@ -48,6 +47,7 @@ from cluster.stop_requests import STOP_STATES
 from cluster.worker_heap import DASK_TRIM_ENV, DASK_TRIM_THRESHOLD, reuse_freed_memory
 from cluster.worker_process import exit_soon, shield_from_group_signals
 from det_tasks.checkpoints.disk_full import NoRoomForCheckpoint, no_space
+from det_tasks.config.entered import ENTERED_CONFIG_FLAG
 from det_tasks.cpu_threads import worker_threads
 from det_tasks.errors import (
     EXIT_INVALID_HP,
@@ -114,7 +114,6 @@ class StepRequest:
     parent_run_id: str
     experiment_id: str
     package: str | None = None  # s3://.../packages/<sha>.tar.gz: unpacked on the worker
-    config_yaml: str | None = None  # with a package: the experiment config's text
     release_after: bool = False  # end the held trial (its MLflow run) after this step
     stopped_as: str | None = None  # with release_after: end its run KILLED, det.state this
     experiment_best: float | None = None  # checkpoint_policy best: the experiment's best so far
@@ -350,19 +349,14 @@ class HeldTrialPlugin(WorkerPlugin):
 
     def local_spec(self, request: StepRequest) -> TrialSpec:
         """The trial spec with paths on this worker: a model package is downloaded and
-        unpacked once per worker, the config written next to it."""
+        unpacked once per worker. The config travels in the spec (no file is written)."""
         if request.package is None:
             return request.trial
         from registry.packages import fetch_package
 
         if request.package not in self.packages:
             self.packages[request.package] = fetch_package(request.package)
-        model = self.packages[request.package]
-        text = request.config_yaml or ""
-        config = model.parent / f"config-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
-        if not config.exists():
-            config.write_text(text, encoding="utf-8")
-        return dataclasses.replace(request.trial, config_path=str(config), model_dir=str(model))
+        return dataclasses.replace(request.trial, model_dir=str(self.packages[request.package]))
 
 
 def run_step(request: StepRequest) -> StepResult:
@@ -579,6 +573,8 @@ def _segment(
     with tempfile.TemporaryDirectory() as tmp:
         summary_file = Path(tmp) / "summary.json"
         cmd = _segment_command(request, spec, resume, summary_file)
+        if spec.config is not None:  # the flow's entered config: the segment validates nothing
+            cmd += [ENTERED_CONFIG_FLAG, str(spec.config.write(Path(tmp) / "config.pickle"))]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if share := worker_threads():  # not the Nanny's OMP_NUM_THREADS=1
             env["OMP_NUM_THREADS"] = str(share)
@@ -630,8 +626,9 @@ def _segment_command(
         cmd += ["--device", spec.device]
     if request.experiment_best is not None:  # a script's get_experiment_best_validation()
         cmd += ["--experiment-best", repr(float(request.experiment_best))]
-    for item in spec.overrides:
-        cmd += ["--param", item]
+    if spec.config is None:  # applied already in an entered config
+        for item in spec.overrides:
+            cmd += ["--param", item]
     return cmd
 
 

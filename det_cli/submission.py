@@ -114,20 +114,20 @@ def _ui_url(flow_run_id: Any) -> str:
 
 def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     """``shown_id`` prints the flow-run id (``det`` shows its 8-character short form)."""
-    from det_cli.config_file import load_config
+    from det_cli.config_file import load_config_text
     from det_tasks.config.experiment_name import named
     from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
     from registry.experiment_setup import ensure_experiment, mlflow_link
     from registry.mlflow_rest import writer_for
     from registry.settings import RegistrySettings
 
-    raw, cfg = load_config(args.config, args.param)  # refused here, before any upload
+    # Read once and refused here, before any upload; the text is what the flow gets.
+    config_text, raw, cfg = load_config_text(args.config, args.param)
     # Named once, here: the flow and its workers read the name from the overrides sent
     # (a config without `name:` is named after the file the user gave).
     raw, cfg, overrides = named(raw, cfg, args.config, list(args.param))
     check_storage_beside_code(cfg, args.model_dir)
     check_resource_pool(cfg.resources.resource_pool)
-    config_text = args.config.read_text(encoding="utf-8")
     package = _ship(args.model_dir, args.max_package_mb, code_exclusions(raw, args.model_dir))
     flow_run = start_deployment_run(
         args.deployment,
@@ -322,7 +322,8 @@ def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], 
 
 def print_trials(view: Any, label: Callable[[str], str] = str) -> None:
     """One row per trial of an ``ExperimentView`` (``label``: how a trial id is shown):
-    state, batches trained, best metric and its batch, latest metric, run, checkpoint."""
+    state, batches trained, best metric and its batch, latest metric, run, checkpoint, and
+    the hosts it ran on."""
     from registry.cli import print_table
 
     metric = view.metric or "metric"
@@ -336,11 +337,12 @@ def print_trials(view: Any, label: Callable[[str], str] = str) -> None:
             _number(t.latest),
             t.run_id,
             t.checkpoint,
+            ",".join(t.nodes),
         ]
         for t in view.trials
     ]
     header = ["trial", "state", "batches", f"best {metric}", "at batch", metric, "mlflow run"]
-    print_table(rows, [*header, "best checkpoint"])
+    print_table(rows, [*header, "best checkpoint", "nodes"])
     for t in view.trials:
         if t.reason and t.state in ("QUEUED", "PREEMPTED"):
             print(f"trial {label(t.trial_id)} {t.state}: {t.reason}")

@@ -39,6 +39,7 @@ from cluster.steps import (
     workers_running,
 )
 from det_tasks.config import ExperimentConfig
+from det_tasks.config.entered import EnteredConfig
 from det_tasks.runner.held import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
 from flows.searcher_reports import better, persist, searcher_metric
@@ -94,6 +95,9 @@ class TrialChains:
         placement: Placement,
     ) -> None:
         self.cfg, self.raw, self.runs = cfg, raw, runs
+        # The config as the flow entered it, sent to every trial in its spec: no worker or
+        # segment reads the file or validates again.
+        self.entered = EnteredConfig(raw, cfg)
         self.config_path, self.model_path = config_path, model_path
         self.overrides, self.run_key, self.package = overrides, run_key, package
         self.table = table
@@ -512,7 +516,7 @@ class TrialChains:
                 trial_id=work.trial_id,
                 hparams=work.hparams,
                 experiment_run_key=self.run_key,
-                raw_config=self.raw,
+                config=self.entered,
             )
             run_id = self.runs.trial_run(
                 str(work.trial_id),
@@ -528,7 +532,6 @@ class TrialChains:
                 mlflow_run_id=run_id,
                 holdable=holdable(self.cfg) is None,
                 package=self.package,
-                config_yaml=self.config_path.read_text(encoding="utf-8") if self.package else None,
                 gpus=self.cfg.resources.slots_per_trial if self.placement.gpus else 0,
                 pool_resource=self.pool_resource,
             )

@@ -42,7 +42,6 @@ class TrialRef:
     mlflow_run_id: str
     holdable: bool = True  # False: whole segments in a det-tasks run process
     package: str | None = None
-    config_yaml: str | None = None  # with a package: the config's text, for the workers
     gpus: int = 0
     pool_resource: str | None = None  # the Dask resource of its pool's workers, if named
 
@@ -57,7 +56,6 @@ class TrialRef:
             parent_run_id=self.parent_run_id,
             experiment_id=self.experiment_id,
             package=self.package,
-            config_yaml=self.config_yaml,
             release_after=release,
             pool_resource=self.pool_resource,
         )

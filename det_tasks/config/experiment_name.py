@@ -18,6 +18,7 @@ from typing import Any
 
 from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.loader import apply_overrides, parse_config, parse_yaml_text
+from det_tasks.config.names import experiment_name_problem
 from det_tasks.errors import ConfigError
 
 __all__ = ["experiment_name", "name_override", "named", "submitted_name"]
@@ -45,7 +46,10 @@ def named(
     name = experiment_name(None, config_path)
     overrides = [*overrides, name_override(name)]
     raw = apply_overrides(raw, [name_override(name)])
-    return raw, parse_config(raw, source=str(config_path)), overrides
+    if experiment_name_problem(name) is not None:  # refused in the loader's words
+        return raw, parse_config(raw, source=str(config_path)), overrides
+    # Only the name changes, and it is checked above: the validated config is not built again.
+    return raw, config.model_copy(update={"name": name}), overrides
 
 
 def submitted_name(config: str, config_yaml: str | None, overrides: Sequence[str]) -> str:

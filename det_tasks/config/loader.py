@@ -30,10 +30,12 @@ __all__ = [
     "apply_overrides",
     "describe_validation_error",
     "load_config",
+    "overridden_config",
     "parse_config",
     "parse_with_overrides",
     "parse_yaml_text",
     "read_config_file",
+    "read_config_text",
     "refuse_non_finite",
 ]
 
@@ -128,13 +130,17 @@ def parse_yaml_text(text: str, source: str) -> Any:
 
 def read_config_file(path: Path) -> Any:
     """The config file's YAML, parsed; a missing or unreadable file is a ConfigError naming it."""
+    return parse_yaml_text(read_config_text(path), str(path))
+
+
+def read_config_text(path: Path) -> str:
+    """The config file's text; a missing or unreadable file is a ConfigError naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {err}") from None
-    return parse_yaml_text(text, str(path))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -147,17 +153,24 @@ def parse_with_overrides(raw: Any, overrides: list[str] | None, source: str) -> 
     """Validate ``raw`` with ``overrides`` applied. An error that the file alone does not
     have is blamed on the command line's override that brings it, not on the file the user
     did not change."""
+    return overridden_config(raw, overrides, source)[1]
+
+
+def overridden_config(
+    raw: Any, overrides: list[str] | None, source: str
+) -> tuple[Any, ExperimentConfig]:
+    """``raw`` with ``overrides`` applied (each applied once), and its validated form, as
+    ``parse_with_overrides`` validates it."""
     if not overrides:
-        return parse_config(raw, source=source)
+        return raw, parse_config(raw, source=source)
+    overridden = apply_overrides(raw, overrides)
     try:
-        return parse_config(apply_overrides(raw, overrides), source=source)
+        return overridden, parse_config(overridden, source=source)
     except ConfigError:
         culprit = _first_bad_override(raw, overrides, source)
         if culprit is None:
             raise
-    return parse_config(
-        apply_overrides(raw, overrides), source=f"command-line override {culprit!r}"
-    )
+    return overridden, parse_config(overridden, source=f"command-line override {culprit!r}")
 
 
 def _first_bad_override(raw: Any, overrides: list[str], source: str) -> str | None:

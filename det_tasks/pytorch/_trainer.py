@@ -20,10 +20,11 @@ import torch
 from det_tasks import cluster_info, run_services
 from det_tasks.checkpoints.backends import store_from_config
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
-from det_tasks.config.experiment import ExperimentConfig, Length
+from det_tasks.config.experiment import Length
 from det_tasks.config.horovod import horovod_tuning_env
 from det_tasks.config.hyperparameters import sample_hparams
 from det_tasks.config.lengths import in_batches_or_epochs
+from det_tasks.config.loader import parse_config
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
@@ -338,10 +339,9 @@ def _resolve_max_length(
     if max_length is not None:
         return max_length
     if conf.get("searcher"):
-        try:
-            config = ExperimentConfig.model_validate(conf)
-        except Exception as err:
-            raise ConfigError(f"exp_conf is not a valid experiment config: {err}") from None
+        # exp_conf given to init() by hand is an entry: the loader's path, with its
+        # deprecations, unhonoured-field warnings and one-line errors (det_tasks.config).
+        config = parse_config(conf, source="exp_conf")
     if conf.get("searcher") and config.has_max_length:
         gbs = conf.get("hyperparameters", {}).get("global_batch_size")
         return length_to_unit(config.max_length, gbs, config.records_per_epoch)

@@ -11,10 +11,11 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_tasks import plugins
 from det_tasks.errors import EXIT_INVALID_HP, ConfigError, DetTasksError, InvalidHP
@@ -23,6 +24,9 @@ from det_tasks.runner.library_logs import quiet_library_loggers
 from det_tasks.runner.stop_requests import RequestedStop
 from det_tasks.runner.stop_signals import SignalStop, StoppedAtOnce, StopSignals, resume_command
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
+
+if TYPE_CHECKING:
+    from det_tasks.config.entered import EnteredConfig
 
 __all__ = ["main"]
 
@@ -72,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment-run", help=argparse.SUPPRESS)
     run.add_argument("--summary-file", help=argparse.SUPPRESS)
     run.add_argument("--experiment-best", type=float, help=argparse.SUPPRESS)
+    run.add_argument("--entered-config", help=argparse.SUPPRESS)  # config.entered's file
     check = sub.add_parser(
         "check-config",
         help="validate an experiment config, import its entrypoint, and print the config",
@@ -186,13 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _start_workers(args: argparse.Namespace, argv: Sequence[str] | None) -> int | None:
     """Check the config against the model directory; then, for a trial of several slots
     (or a launch layer), start its worker group and return its exit code (else None)."""
+    from det_tasks.config.entered import ENTERED_CONFIG_FLAG
     from det_tasks.config.storage_paths import check_storage_beside_code
     from det_tasks.runner import worker_group
     from det_tasks.runner.determined_launch_layers import parse_launch_layer
-    from det_tasks.runner.trial_setup import load_raw_config
 
     config_path = Path(args.config)
-    _, config = load_raw_config(config_path, args.param)
+    entered = _entered(args)
+    config = entered.config
     model_dir = Path(args.model_dir) if args.model_dir else config_path.parent
     check_storage_beside_code(config, model_dir, args.checkpoint_dir)
     slots = config.resources.slots_per_trial
@@ -202,8 +208,22 @@ def _start_workers(args: argparse.Namespace, argv: Sequence[str] | None) -> int 
             layer.backend or config.resources.distributed_backend
         )
         argv_ = ["-m", "det_tasks.runner.cli", *(sys.argv[1:] if argv is None else argv)]
-        return worker_group.run_workers(slots, backend, argv_, layer.overrides)
+        with tempfile.TemporaryDirectory(prefix="det-tasks-config-") as tmp:
+            if not args.entered_config:  # each rank reads the config this process entered
+                argv_ += [ENTERED_CONFIG_FLAG, str(entered.write(Path(tmp) / "config.pickle"))]
+            return worker_group.run_workers(slots, backend, argv_, layer.overrides)
     return None
+
+
+def _entered(args: argparse.Namespace) -> EnteredConfig:
+    """The run's config: the file its starter entered (``--entered-config``: its overrides
+    applied already, so ``--param`` is not read again), else the config file with
+    ``--param``, entered here (det_tasks.config.entered)."""
+    from det_tasks.config.entered import EnteredConfig, enter_file
+
+    if args.entered_config:
+        return EnteredConfig.read(Path(args.entered_config))
+    return enter_file(Path(args.config), args.param)
 
 
 def _check_config(config_path: Path, model_dir: str | None) -> int:
@@ -251,6 +271,7 @@ def _train_in_process(args: argparse.Namespace) -> Any:
             experiment_run_key=args.experiment_run,
             stop_signals=stop,
             experiment_best=args.experiment_best,
+            entered=_entered(args) if args.entered_config else None,
         )
 
 

@@ -24,7 +24,8 @@ from typing import Any
 from det_tasks import run_services
 from det_tasks.checkpoints import format as ckpt
 from det_tasks.checkpoints.references import scheme_of
-from det_tasks.config import ExperimentConfig, parse_config
+from det_tasks.config import ExperimentConfig
+from det_tasks.config.entered import EnteredConfig, enter_file
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch.harness import trial_controller
@@ -34,7 +35,6 @@ from det_tasks.runner.trial_config import with_defaults
 from det_tasks.runner.trial_setup import (
     checkpoint_store_for,
     fit_periods,
-    load_raw_config,
     platform_services,
     resolved_model_dir,
     train_unit,
@@ -43,13 +43,13 @@ from det_tasks.runner.trial_setup import (
 from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
 
-__all__ = ["HeldTrial", "TrialSpec", "holdable", "trial_config"]
+__all__ = ["HeldTrial", "TrialSpec", "entered_config", "holdable", "trial_config"]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialSpec:
     """Everything needed to build one trial anywhere (it is sent to workers, so it holds
-    paths and plain values, never a model)."""
+    paths, plain values and the entered config, never a model)."""
 
     config_path: str
     model_dir: str
@@ -58,9 +58,10 @@ class TrialSpec:
     hparams: dict[str, Any]
     experiment_run_key: str | None = None
     device: str | None = None
-    # The config as the flow parsed it, overrides applied (plain data): a worker builds
-    # the trial from it and never reads the file again. None: read config_path.
-    raw_config: dict[str, Any] | None = None
+    # The config as it entered (the flow validated it once, overrides applied): a worker
+    # builds the trial from it and never reads the file or validates again. None: this
+    # process enters config_path with the spec's overrides (a spec built by hand).
+    config: EnteredConfig | None = None
 
     @property
     def key(self) -> str:
@@ -68,12 +69,18 @@ class TrialSpec:
         return f"{self.experiment_run_key or 'local'}/trial-{self.trial_id}"
 
 
+def entered_config(spec: TrialSpec) -> EnteredConfig:
+    """The trial's config: the one the flow sent (no file read, no validation), or without
+    one the file with the spec's overrides, entered here."""
+    if spec.config is not None:
+        return spec.config
+    return enter_file(Path(spec.config_path), list(spec.overrides))
+
+
 def trial_config(spec: TrialSpec) -> tuple[dict[str, Any], ExperimentConfig]:
-    """The trial's raw config and its validated form: the one the flow sent (checked from
-    plain data, no file read), or without one the file with the spec's overrides."""
-    if spec.raw_config is not None:
-        return spec.raw_config, parse_config(spec.raw_config, source=spec.config_path)
-    return load_raw_config(Path(spec.config_path), list(spec.overrides))
+    """The trial's raw config and its validated form (``entered_config``)."""
+    entered = entered_config(spec)
+    return entered.raw, entered.config
 
 
 def holdable(config: ExperimentConfig) -> str | None:

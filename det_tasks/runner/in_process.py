@@ -16,6 +16,7 @@ from det_tasks.checkpoints.references import scheme_of
 from det_tasks.checkpoints.retention import collect_garbage
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config import ExperimentConfig
+from det_tasks.config.entered import EnteredConfig
 from det_tasks.errors import ConfigError, DetTasksError, InvalidHP, TrialError
 from det_tasks.pytorch import Batch, Epoch, Trainer, TrainUnit, init
 from det_tasks.runner import stop_requests, worker_group
@@ -73,13 +74,15 @@ def run_trial(
     experiment_run_key: str | None = None,
     stop_signals: StopSignals | None = None,
     experiment_best: float | None = None,
+    entered: EnteredConfig | None = None,
 ) -> RunResult:
     """Validate the config, build the trial from its entrypoint, and fit it. ``latest_checkpoint``
     may list several checkpoints, newest first: training resumes from the first intact one (the
-    others are fallbacks for a corrupted newest one)."""
+    others are fallbacks for a corrupted newest one). ``entered``: the config as its starter
+    entered it (overrides applied): neither the file nor ``overrides`` is read again."""
     config_path = Path(config_path)
     model_dir = resolved_model_dir(Path(model_dir) if model_dir is not None else config_path.parent)
-    raw, config = load_raw_config(config_path, overrides)
+    raw, config = entered if entered is not None else load_raw_config(config_path, overrides)
     _check_one_process(config)
     if worker_group.worker_rank() != 0:  # only the chief logs to MLflow and writes checkpoints
         progress = False

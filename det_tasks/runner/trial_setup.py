@@ -16,8 +16,8 @@ from typing import Any
 
 from det_tasks import plugins
 from det_tasks.checkpoints.store import CheckpointStore, LocalDirectoryStore
-from det_tasks.config import ExperimentConfig, Length, apply_overrides, sample_hparams
-from det_tasks.config.loader import parse_with_overrides, read_config_file
+from det_tasks.config import ExperimentConfig, Length, sample_hparams
+from det_tasks.config.entered import enter_file
 from det_tasks.config.storage_paths import check_checkpoint_storage
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch import Batch, TrainUnit
@@ -54,10 +54,10 @@ def trial_hparams(config: ExperimentConfig, given: dict[str, Any] | None) -> dic
 def load_raw_config(
     path: Path, overrides: list[str] | None
 ) -> tuple[dict[str, Any], ExperimentConfig]:
-    """The raw mapping (what get_experiment_config() returns) and its validated form."""
-    raw = read_config_file(path)
-    config = parse_with_overrides(raw, overrides, str(path))
-    return (apply_overrides(raw, overrides) if overrides else raw), config
+    """The raw mapping (what get_experiment_config() returns) and its validated form, as
+    this process entered them (det_tasks.config.entered: once per file and overrides)."""
+    entered = enter_file(path, overrides)
+    return entered.raw, entered.config
 
 
 def platform_services(

@@ -15,7 +15,7 @@ import torch
 
 from det_tasks.checkpoints import format as ckpt
 from det_tasks.errors import ConfigError
-from det_tasks.runner.held import HeldTrial, TrialSpec, holdable, trial_config
+from det_tasks.runner.held import HeldTrial, TrialSpec, entered_config, holdable, trial_config
 from det_tasks.runner.in_process import run_trial
 
 MODEL = textwrap.dedent(
@@ -167,10 +167,10 @@ def test_a_worker_builds_the_trial_from_the_config_the_flow_parsed(
 ) -> None:
     """The flow's parsed config travels in the spec: the worker never reads the file (here
     gone), and the config's overrides are the ones the flow applied."""
-    flow_raw, _ = trial_config(_spec(model_dir, tmp_path / "store"))
+    flow_config = entered_config(_spec(model_dir, tmp_path / "store"))
     (model_dir / "config.yaml").unlink()
     spec = dataclasses.replace(
-        _spec(model_dir, tmp_path / "store"), overrides=(), raw_config=flow_raw
+        _spec(model_dir, tmp_path / "store"), overrides=(), config=flow_config
     )
     trial = HeldTrial(spec)
     try:

@@ -17,9 +17,10 @@ Dask's Nanny (``cluster.recycling.recycle``) before it places another step: leak
 cannot accumulate, and no step is ever pinned to a worker that is going away (a worker that
 restarted itself under a pinned step left that step in Dask's ``no-worker`` state for good).
 
-Stopping: ``request_stop`` (run on every worker through ``Client.run``) sets the held
-trial's preemption event when it belongs to the experiment being stopped; the training loop
-sees it at its next batch boundary, and the train step returns early with ``preempted``.
+Stopping: ``request_stop`` (run on every worker through ``Client.run``) sets the stop request
+of the held trial's ``TrialControl`` (det_tasks.run_services) when it belongs to the
+experiment being stopped; the training loop sees it at its next batch boundary, and the
+train step returns early with ``preempted``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from det_tasks.errors import (
     TrialError,
     TrialStopped,
 )
+from det_tasks.run_services import TrialControl
 from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
 from det_tasks.runner.stop_requests import STOP_FILE_ENV
@@ -189,11 +191,10 @@ class HeldTrialPlugin(WorkerPlugin):
         self.packages: dict[str, Path] = {}
         self.worker: Worker | None = None
         # The held trial's stop request: set from the worker's event loop (Client.run),
-        # read by the training thread at batch boundaries.
-        self.preemption = threading.Event()
-        # Set (before preemption) when the worker closes: the running step's training is
-        # replayed on another worker, so its stop reports nothing (counted once).
-        self.abandoning = threading.Event()
+        # read by the training loop at batch boundaries. Abandoned when the worker closes:
+        # the running step's training is replayed on another worker, so its stop reports
+        # nothing (counted once).
+        self.control = TrialControl()
         self.stop_modes: dict[str, str] = {}  # experiment run key -> requested mode
         # Trials the cluster's job queue asked to give way: (experiment key, trial id).
         self.preempting: set[tuple[str, int]] = set()
@@ -204,16 +205,14 @@ class HeldTrialPlugin(WorkerPlugin):
         self.processes: TrialProcesses | None = None  # the held trial's own processes
 
     def __getstate__(self) -> dict[str, Any]:
-        """Sent to each worker by the client: everything but the (per-process) event."""
+        """Sent to each worker by the client: everything but the (per-process) control."""
         state = dict(self.__dict__)
-        state.pop("preemption", None)
-        state.pop("abandoning", None)
+        state.pop("control", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.preemption = threading.Event()
-        self.abandoning = threading.Event()
+        self.control = TrialControl()
 
     def setup(self, worker: Worker) -> None:
         self.worker = worker
@@ -237,8 +236,7 @@ class HeldTrialPlugin(WorkerPlugin):
         # The worker is closing (its scheduler gone, or told to): a step running here is
         # given to another worker, so its training stops at the next batch boundary.
         self.closing = True
-        self.abandoning.set()
-        self.preemption.set()
+        self.control.abandon()
         self.release()
         for model in self.packages.values():
             shutil.rmtree(model.parent, ignore_errors=True)
@@ -300,7 +298,7 @@ class HeldTrialPlugin(WorkerPlugin):
         """Drop the held trial (ending its MLflow run) and free its memory (GPU included)."""
         held, self.held = self.held, None
         if not self.closing:
-            self.preemption.clear()
+            self.control.set_stop_requested(False)
         if held is None:
             self._end_trial_processes()
             return
@@ -333,7 +331,7 @@ class HeldTrialPlugin(WorkerPlugin):
         self.stop_modes[experiment_key] = mode
         held = self.held
         if held is not None and held.spec.experiment_run_key == experiment_key:
-            self.preemption.set()
+            self.control.request_stop()
             return True
         return False
 
@@ -343,7 +341,7 @@ class HeldTrialPlugin(WorkerPlugin):
         self.preempting.add((experiment_key, trial_id))
         held = self.held
         if held is not None and _preempt_key(held.spec) == (experiment_key, trial_id):
-            self.preemption.set()
+            self.control.request_stop()
             return True
         return False
 
@@ -471,11 +469,11 @@ def _work(
     ``None``), validate, or checkpoint."""
     if request.kind == "train":
         trial.set_experiment_best(request.experiment_best)
-        plugin.preemption.clear()
+        plugin.control.set_stop_requested(False)
         asked = _preempt_key(spec) in plugin.preempting
         if asked or (spec.experiment_run_key or "") in plugin.stop_modes:  # before it began
-            plugin.preemption.set()
-        trial.train_to(_bound(request.stop, trial), plugin.preemption, plugin.abandoning)
+            plugin.control.request_stop()
+        trial.train_to(_bound(request.stop, trial), plugin.control)
         return None, None
     if request.kind == "validate":
         return trial.validate(), None
@@ -530,7 +528,7 @@ def ended_by(failure: StepFailed) -> BaseException:
 def _preempted(plugin: HeldTrialPlugin, spec: TrialSpec) -> str | None:
     """Why a train step stopped early: the experiment's stop mode, or PREEMPT (the job
     queue's request, spent once the step returns)."""
-    if not plugin.preemption.is_set():
+    if not plugin.control.should_preempt():
         return None
     mode = plugin.stop_modes.get(spec.experiment_run_key or "")
     if mode is None and _preempt_key(spec) in plugin.preempting:

@@ -40,8 +40,17 @@ class TrialControl:
     script's ``core.init()``): the runner then stops at the script's own boundary instead of
     at once (``on_claim`` lets it start watching)."""
 
-    def __init__(self, on_claim: Callable[[TrialControl], None] | None = None) -> None:
-        self.stop = threading.Event()
+    def __init__(
+        self,
+        on_claim: Callable[[TrialControl], None] | None = None,
+        stop: threading.Event | None = None,
+        abandoned: threading.Event | None = None,
+    ) -> None:
+        self.stop = stop if stop is not None else threading.Event()
+        # Set with the stop request when the runner gives the training to another process
+        # (its worker is closing): the stop then reports nothing since the last report, as
+        # the replay from the last checkpoint reports those batches again.
+        self.abandoned = abandoned if abandoned is not None else threading.Event()
         self.acknowledged = False
         self.claimed = False
         self.early_exit: str | None = None  # an EarlyExitReason's value, reported by the trial
@@ -68,6 +77,11 @@ class TrialControl:
 
     def should_preempt(self) -> bool:
         return self.stop.is_set()
+
+    def abandon(self) -> None:
+        """Stop at the next boundary without reporting: the training is replayed elsewhere."""
+        self.abandoned.set()
+        self.stop.set()
 
     def acknowledge(self) -> None:
         """The trial will stop and expects to be continued later."""

@@ -13,7 +13,6 @@ import itertools
 import logging
 import math
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -41,6 +40,7 @@ from det_tasks.pytorch._restore import load_state, open_checkpoint, overridden
 from det_tasks.pytorch._tensorboard import metric_event_writer
 from det_tasks.pytorch._units import Batch, TrainUnit
 from det_tasks.pytorch._validation import validate
+from det_tasks.run_services import TrialControl
 from det_tasks.sinks import MetricsSink, record_position_on
 
 __all__ = ["FitOptions", "TrialController"]
@@ -99,13 +99,12 @@ class TrialController:
         # One process, no profiling window: no phase timer or DDP no_sync to enter per batch.
         self._bare_steps = self._timer.settings is None and self.dist.size == 1
         self._next_boundary = 0  # batch count before which _at_boundaries has nothing to do
-        # Set from another thread (a pause, cancel or Ctrl-C) to stop at the next batch
-        # boundary: one attribute read per batch, as Determined polls preemption.
-        self.preemption: threading.Event | None = None
-        # Set with ``preemption`` when the training is abandoned to be replayed elsewhere (its
-        # worker is closing): the stop then reports nothing, since the replay from the last
-        # checkpoint reports those batches again and MLflow would count them twice.
-        self.abandoned: threading.Event | None = None
+        # The runner's control (run_services.TrialControl) of whoever drives the loop step
+        # by step (a held trial): its stop request, set from another thread (a pause,
+        # cancel or preemption), stops the loop at the next batch boundary (one read per
+        # batch, as Determined polls preemption); abandoned, the stop reports nothing, since
+        # the replay from the last checkpoint reports those batches again.
+        self.control: TrialControl | None = None
         self._writer = CheckpointWriter(store, context.device)
         self._events = metric_event_writer(context) if self.dist.is_chief else None
         self._rng_for_checkpoint: dict[str, Any] | None = None
@@ -166,12 +165,13 @@ class TrialController:
                 if profiler is not None:
                     profiler.step()
                 self._at_boundaries()
+                control = self.control
                 if self.context._stop_requested or (
-                    self.preemption is not None and self.preemption.is_set()
+                    control is not None and control.should_preempt()
                 ):
                     # Reported now: a kill takes no checkpoint (whose step would report it),
                     # so MLflow's progress/batches would stay at the last scheduling unit.
-                    if self.abandoned is None or not self.abandoned.is_set():
+                    if control is None or not control.abandoned.is_set():
                         self._report_training()
                     break
         self._record_position()

@@ -195,27 +195,28 @@ class HeldTrial:
     def train_to(
         self,
         batches: int,
-        preemption: threading.Event | None = None,
+        control: run_services.TrialControl | threading.Event | None = None,
         abandoned: threading.Event | None = None,
     ) -> int:
-        """Train until ``batches`` in total (or until the trial asks to stop, or
-        ``preemption`` is set: then at the next batch boundary); returns the position
-        reached. Periodic validations and checkpoints happen on the way. ``abandoned``, set
-        with ``preemption``, stops without reporting the batches since the last report: they
-        are trained again from the last checkpoint elsewhere."""
+        """Train until ``batches`` in total (or until the trial asks to stop, or the
+        runner's ``control`` asks it to: then at the next batch boundary); returns the
+        position reached. Periodic validations and checkpoints happen on the way. A control
+        that abandons the training stops without reporting the batches since the last
+        report: they are trained again from the last checkpoint elsewhere. ``control`` may
+        be given as its stop event, with ``abandoned``."""
         if batches < self.position:
             raise ValueError(
                 f"trial {self.spec.trial_id} is at batch {self.position}, past {batches}: "
                 "restore an earlier checkpoint to go back"
             )
-        self._controller.preemption = preemption
-        self._controller.abandoned = abandoned
+        if isinstance(control, threading.Event):
+            control = run_services.TrialControl(stop=control, abandoned=abandoned)
+        self._controller.control = control
         try:
             with self._step():
                 self._controller.train_until(batches)
         finally:
-            self._controller.preemption = None
-            self._controller.abandoned = None
+            self._controller.control = None
         return self.position
 
     def validate(self) -> dict[str, Any] | None:

@@ -60,14 +60,15 @@ def unmanaged_services(
     if not settings.tracking_uri:
         raise ConfigError(
             "core_v2.init(): unmanaged mode reports to the platform: set MLFLOW_TRACKING_URI "
-            'and the S3 settings (eval "$(det-tasks env)" with the stack up), or run the '
-            "script with `det-tasks run CONFIG`"
+            "and the S3 settings (source .stack/env after make up), or run the script with "
+            "`det-tasks run CONFIG`"
         )
     name = str(raw_config["name"])
     flow_run = _open_flow_run(name, raw_config, external_experiment_id)
     key = flow_run or external_experiment_id or uuid_lib.uuid4().hex
     client = client_for(settings.tracking_uri)
     runs = ExperimentRuns(client, name, key, raw_config)
+    runs.reopen(runs.parent_run_id)  # a rejoined experiment (external id) runs again
     beating = _Heartbeat(client, runs.parent_run_id)
     ended = ("FAILED", "ERROR")
     try:

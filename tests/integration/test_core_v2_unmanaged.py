@@ -68,7 +68,7 @@ def test_unmanaged_script_reports_to_mlflow_and_s3_and_is_listed(stack, tmp_path
     assert records[0]["uri"] == f"runs:/{run_id}/checkpoints/{records[0]['uuid']}"
     assert records[0]["s3_uri"].startswith("s3://") and records[0]["bytes"] > 0
     with open_checkpoint_uri(records[0]["uri"]) as path:  # fetched from S3
-        assert (path / "state").read_text() == "90"
+        assert (path / "state").read_text() == "90,30"
     for run in (client.get_run(parent.info.run_id), client.get_run(run_id)):
         assert (run.info.status, run.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
     assert trial.data.tags["det.trial_id"] == "1"
@@ -87,3 +87,22 @@ def test_unmanaged_script_that_raises_ends_error(stack):
         assert (run.info.status, run.data.tags["det.state"]) == ("FAILED", "ERROR")
     listed = [line for line in _listing().splitlines() if name in line]
     assert len(listed) == 1 and "ERROR" in listed[0], listed
+
+
+def test_a_script_with_the_same_external_ids_rejoins_the_trial_and_continues(stack):
+    name = f"unmanaged-rejoin-{uuid.uuid4().hex[:6]}"
+    ids = ["--external-experiment-id", name, "--external-trial-id", "t1", "--increment-by", "3"]
+    for batches in ("30", "50"):
+        done = _run_script("--name", name, *ids, "--batches", batches)
+        assert done.returncode == 0, done.stderr[-3000:]
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    parent, trial = _runs(client, name)  # still one experiment run of one trial
+    run_id = trial.info.run_id
+    expected = [(n, 3.0 * n) for n in (10, 20, 30, 40, 50)]  # continued from x=90 at 30
+    assert _history(client, run_id, "training/x") == expected
+    # Determined's default GC (keep the trial's best and latest) removed batch 30's at the end.
+    assert [r["steps_completed"] for r in checkpoint_records(client, run_id)] == [50]
+    for run in (client.get_run(parent.info.run_id), client.get_run(run_id)):
+        assert (run.info.status, run.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
+    listed = [line for line in _listing().splitlines() if name in line]
+    assert len(listed) == 1 and "COMPLETED" in listed[0], listed

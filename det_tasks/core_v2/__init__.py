@@ -83,14 +83,32 @@ def init_context(
     return open_unmanaged(merged, **kwargs)
 
 
-def init(**kwargs: Any) -> None:
+def init(
+    *,
+    config: Config | None = None,
+    defaults: Config | None = None,
+    unmanaged: Config | None = None,
+    client: Any = None,
+    distributed: core.DistributedContext | None = None,
+    checkpoint_storage: str | dict[str, Any] | None = None,
+    preempt_mode: core.PreemptMode = core.PreemptMode.WorkersAskChief,
+    tensorboard_mode: core.TensorboardMode = core.TensorboardMode.AUTO,
+) -> None:
     """``init_context``'s context, started and kept in this module's globals until
-    ``close()`` (called at the interpreter's exit too). Takes ``init_context``'s
-    arguments."""
+    ``close()`` (called at the interpreter's exit too)."""
     global _context
     if _context is not None:
         close()
-    context = init_context(**kwargs)
+    context = init_context(
+        config=config,
+        defaults=defaults,
+        unmanaged=unmanaged,
+        client=client,
+        distributed=distributed,
+        checkpoint_storage=checkpoint_storage,
+        preempt_mode=preempt_mode,
+        tensorboard_mode=tensorboard_mode,
+    )
     context.start()
     _context = context
     _set_parts(context)

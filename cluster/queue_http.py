@@ -10,7 +10,9 @@ flow has used it since it started) installs one first: the queue is the same plu
 flows register (idempotent, so the first one stays), and it exists from the first request of
 anyone, flow or ``det``, with no preload to keep in step.
 
-- ``GET  /det-tasks/jobs``: the jobs in the order they are served (``det job list``);
+- ``GET  /det-tasks/jobs``: the jobs in the order they are served (``det job list``), each
+  with ``slurm_jobs``, its workers' Slurm job ids, where workers are Slurm jobs
+  (cluster.slurm_workers);
 - ``POST /det-tasks/jobs``: ``{"key", "job"}``, an experiment queued at its creation;
 - ``PATCH /det-tasks/jobs/KEY``: ``{"priority"|"weight"|"max_slots": value}``;
 - ``DELETE /det-tasks/jobs/KEY``: a paused experiment canceled or killed, off the list;
@@ -29,6 +31,7 @@ from distributed.http.utils import RequestHandler
 from tornado.web import HTTPError
 
 from cluster.job_queue import JOB_QUEUE_NAME, JobQueue
+from cluster.slurm_settings import SLURM_WORKERS_NAME
 from cluster.stop_requests import STOP_STATES, stop_metadata_key
 
 __all__ = ["JOBS_PATH", "POOLS_PATH", "ROUTES_SETTING", "STOP_PATH", "route_modules", "routes"]
@@ -86,7 +89,14 @@ class _QueueHandler(RequestHandler):
 
 class JobsHandler(_QueueHandler):
     async def get(self) -> None:
-        self.answer((await self.queue()).list_jobs())
+        queue = await self.queue()
+        rows = queue.list_jobs()
+        slurm = self.server.plugins.get(SLURM_WORKERS_NAME)
+        if slurm is not None:
+            for row in rows:
+                job = queue.jobs.get(row["key"])
+                row["slurm_jobs"] = slurm.job_ids(row["key"], job.running if job else ())
+        self.answer(rows)
 
     async def post(self) -> None:
         body = self.body("key", "job")

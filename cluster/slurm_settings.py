@@ -12,10 +12,11 @@ from typing import Any
 from cluster.pools import DEFAULT_POOL
 from cluster.worker_spec import WorkerSpec
 
-__all__ = ["JOB_NAME_PREFIX", "SETTINGS_ENV", "SlurmWorkerSettings"]
+__all__ = ["JOB_NAME_PREFIX", "SETTINGS_ENV", "SLURM_WORKERS_NAME", "SlurmWorkerSettings"]
 
 SETTINGS_ENV = "DET_TASKS_SLURM_WORKERS"
 JOB_NAME_PREFIX = "det-worker"
+SLURM_WORKERS_NAME = "det-tasks-slurm-workers"  # the scheduler plugin's name
 
 
 @dataclasses.dataclass(frozen=True)

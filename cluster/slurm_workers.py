@@ -26,15 +26,22 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shlex
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from distributed import Scheduler, SchedulerPlugin
 
 from cluster.job_queue import JOB_QUEUE_NAME
-from cluster.slurm_settings import JOB_NAME_PREFIX, SETTINGS_ENV, SlurmWorkerSettings
+from cluster.slurm_settings import (
+    JOB_NAME_PREFIX,
+    SETTINGS_ENV,
+    SLURM_WORKERS_NAME,
+    SlurmWorkerSettings,
+)
 
 __all__ = [
     "SETTINGS_ENV",
@@ -43,12 +50,12 @@ __all__ = [
     "SlurmWorkers",
     "check_slurm",
     "dask_setup",
+    "trial_of_step_key",
     "wanted_slots",
 ]
 
 # Under "distributed": the scheduler's log shows it at Dask's own level (INFO).
 logger = logging.getLogger("distributed.det_tasks.slurm_workers")
-SLURM_WORKERS_NAME = "det-tasks-slurm-workers"
 TICK_S = 2.0
 # Slurm's time-limit warning reaches the Nanny, which passes it to its worker (both load it).
 _WARNING_PRELOADS = (
@@ -58,6 +65,15 @@ _WARNING_PRELOADS = (
     "cluster.slurm_warning",
 )
 CHECK_HANDLER = "det_slurm_check"  # a flow asks it before its first trial (check_slurm)
+# A step's Dask key begins ``trial-ID-of-EXPERIMENT8-`` (cluster.steps.step_key_prefix).
+_STEP_KEY = re.compile(r"trial-(\d+)-of-([^-]{1,8})-")
+
+
+def trial_of_step_key(key: object) -> tuple[str, int] | None:
+    """(the experiment key's first 8 characters, the trial id) of a trial step's Dask key;
+    None for any other key."""
+    found = _STEP_KEY.match(key) if isinstance(key, str) else None
+    return (found.group(2), int(found.group(1))) if found else None
 
 
 def wanted_slots(jobs: list[Any], pool: str) -> int:
@@ -100,6 +116,8 @@ class SlurmWorkers(SchedulerPlugin):
         self.settings = settings
         self.jobs: dict[str, tuple[Any, str]] = {}  # job name -> (SLURMJob, shape_of)
         self.idle_since: dict[str, float] = {}  # worker name -> when it last ran nothing
+        # (experiment key[:8], trial id) -> the worker (job name) that last ran its step
+        self.trial_workers: dict[tuple[str, int], str] = {}
         self.scheduler: Scheduler | None = None
         self._serial = 0
         self._task: asyncio.Task[None] | None = None
@@ -144,8 +162,28 @@ class SlurmWorkers(SchedulerPlugin):
     def held(self) -> Counter[str]:
         return Counter(shape for _, shape in self.jobs.values())
 
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Remember the worker each trial's steps run on, for ``det job list``'s Slurm
+        job ids (a held trial stays on its worker between steps)."""
+        trial = trial_of_step_key(key) if finish == "processing" else None
+        if trial is None or self.scheduler is None:
+            return
+        task = self.scheduler.tasks.get(key)
+        if task is not None and task.processing_on is not None:
+            self.trial_workers[trial] = str(task.processing_on.name)
+
+    def job_ids(self, experiment_key: str, trials: Iterable[int]) -> list[str]:
+        """The Slurm job ids of the worker jobs running ``trials`` of the experiment: the
+        jobs Slurm still runs whose worker last ran one of their steps."""
+        names = {self.trial_workers.get((experiment_key[:8], trial)) for trial in trials}
+        return sorted(
+            {str(job.job_id) for name, (job, _) in self.jobs.items() if name in names},
+            key=lambda job_id: (len(job_id), job_id),
+        )
+
     async def adapt(self) -> None:
         await self._forget_ended_jobs()
+        self.trial_workers = {t: n for t, n in self.trial_workers.items() if n in self.jobs}
         wanted, held = self.wanted(), self.held()
         for shape, count in wanted.items():
             if count > held[shape]:

@@ -68,7 +68,12 @@ def cmd_job_list(args: argparse.Namespace) -> int:
         for job in jobs
     ]
     header = ["#", "id", "type", "job name", "state", "priority", "weight"]
-    print_table(rows, [*header, "slots", "max slots", "pool", "submitted", "user"])
+    header += ["slots", "max slots", "pool", "submitted", "user"]
+    if any("slurm_jobs" in job for job in jobs):  # workers are Slurm jobs (cluster.slurm_workers)
+        header.append("slurm jobs")
+        for row, job in zip(rows, jobs, strict=True):
+            row.append(",".join(job.get("slurm_jobs", ())))
+    print_table(rows, header)
     for job in jobs:
         if job["state"] == "QUEUED" and job["reason"]:
             print(f"{job['key'][:8]}: {job['reason']}")

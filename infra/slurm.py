@@ -53,13 +53,16 @@ _NODE_UP_STATES = ("idle", "mix", "alloc", "comp")  # sinfo's short states of a 
 @dataclasses.dataclass(frozen=True)
 class SlurmSite:
     """A Slurm site: its folder, the hosts (host 0 the controller, 1..N compute nodes),
-    the controller's port, its one partition and what each node offers."""
+    the controller's port, its partitions (the default one, and an urgent one whose jobs
+    preempt it) and what each node offers."""
 
     root: Path
     network: Network
     ctld_port: int = 26817
     slurmd_port: int = 26818
     partition: str = "batch"
+    urgent_partition: str = "urgent"  # its jobs preempt the default partition's
+    grace_time_s: int = 120  # a preempted job's time between its signal and SIGKILL
     cpus_per_node: int = 2
     memory_mb_per_node: int = 4000
     cluster_name: str = "dettasks"
@@ -118,9 +121,10 @@ def missing_requirements() -> str | None:
 
 
 def slurm_conf_text(site: SlurmSite) -> str:
-    """The site's ``slurm.conf``: root daemons, MUNGE through the site's socket, one
-    partition of every node. Node state and spool files stay on each node (``%n``, its own
-    ``/tmp``); the controller's state in the site's folder."""
+    """The site's ``slurm.conf``: root daemons, MUNGE through the site's socket, two
+    partitions of every node (the urgent one preempts the other, with requeue). Node state
+    and spool files stay on each node (``%n``, its own ``/tmp``); the controller's state in
+    the site's folder."""
     state = site.root / "ctld"
     nodes = [
         f"NodeName={site.node_name(h)} NodeAddr={site.network.address(h)} "
@@ -156,8 +160,18 @@ def slurm_conf_text(site: SlurmSite) -> str:
         "SlurmdSpoolDir=/tmp/%n",  # each node's working folder on its private /tmp
         "SlurmdPidFile=/tmp/%n/slurmd.pid",
         *nodes,
+        # A site's high-priority queue: a job of the urgent partition preempts one of the
+        # default partition where it needs its node. The preempted job gets its own
+        # --signal at once (preempt_send_user_signal: a worker job's warning, so its
+        # trial checkpoints where it stands), GraceTime seconds before SIGKILL, and is
+        # requeued.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        "SlurmctldParameters=preempt_send_user_signal",
         f"PartitionName={site.partition} Nodes={','.join(site.nodes)} Default=YES "
-        "MaxTime=INFINITE State=UP",
+        f"MaxTime=INFINITE State=UP PriorityTier=1 GraceTime={site.grace_time_s}",
+        f"PartitionName={site.urgent_partition} Nodes={','.join(site.nodes)} "
+        "MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
     ]
     return "".join(f"{line}\n" for line in lines)
 

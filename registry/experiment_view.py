@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from det_tasks.errors import DetTasksError
+from registry.run_nodes import nodes_of
 from registry.run_records import (
     EXPERIMENT_RUN_TAG,
     PARENT_TAG,
@@ -124,6 +125,7 @@ class TrialView:
     state: str  # registry.trial_states: COMPLETED, STOPPED, CANCELED... as the table says
     progress: TrialProgress
     reason: str = ""  # a QUEUED or PREEMPTED trial: why it waits for a slot
+    nodes: tuple[str, ...] = ()  # the hosts it ran on, oldest first (registry.run_nodes)
 
     @property
     def batches(self) -> int:
@@ -181,6 +183,7 @@ def trial_view(client: Any, run: Any, metric: str, smaller_is_better: bool) -> T
         state=trial_state(run.info.status, run.data.tags.get(STATE_TAG)),
         progress=read_trial_progress(client, run, metric, smaller_is_better),
         reason=run.data.tags.get(QUEUE_REASON_TAG, ""),
+        nodes=tuple(nodes_of(run.data.tags)),
     )
 
 

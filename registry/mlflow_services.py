@@ -23,6 +23,7 @@ from registry.metrics import MlflowMetricsSink
 from registry.models import trial_runs
 from registry.plots import log_interactive_plots, log_learning_curves, trial_curves
 from registry.run_lease import RunLease
+from registry.run_nodes import record_node
 from registry.settings import RegistrySettings
 from registry.summary import best_trial, log_best_trial
 from registry.system_metrics import start_system_metrics
@@ -146,6 +147,7 @@ def _run_parts(client: Any, s3: Any, run_id: str, settings: RegistrySettings) ->
     sink, checkpoint store and TensorBoard folder."""
     lease = RunLease(client, run_id)
     lease.take()
+    record_node(client, run_id)
     sink = MlflowMetricsSink(
         client, run_id, spill_dir=settings.cache_dir / "spill" / run_id, lease=lease
     )

@@ -140,3 +140,61 @@ def test_make_up_refuses_bad_worker_job_settings_before_starting_anything(
     with pytest.raises(ServiceError, match=said):
         stack_services(config)
     assert not (tmp_path / "pids").exists()
+
+
+def test_det_job_list_shows_the_slurm_job_ids_of_each_experiments_workers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step's Dask key names its trial; the plugin notes the worker (job) that runs it,
+    and the queue's HTTP route adds the Slurm job ids of each experiment's running trials."""
+    import argparse
+    import asyncio
+    from types import SimpleNamespace
+
+    import dask.config
+    from distributed import Scheduler
+
+    from cluster import job_requests
+    from cluster.environment import SCHEDULER_ENV
+    from cluster.job_queue import JOB_QUEUE_NAME
+    from cluster.queue_http import ROUTES_SETTING, route_modules
+    from cluster.slurm_workers import SLURM_WORKERS_NAME, SlurmWorkers, trial_of_step_key
+    from cluster.steps import step_key_prefix
+    from det_cli.job_verbs import cmd_job_list
+
+    key = "aaaa1111bbbb"
+    step = f"{step_key_prefix(key, 3)}train-30-0123abcd"
+    assert trial_of_step_key(step) == ("aaaa1111", 3)
+    assert trial_of_step_key("finalize-0123") is None and trial_of_step_key(("x", 1)) is None
+    plugin = SlurmWorkers(SlurmWorkerSettings())
+    on = SimpleNamespace(processing_on=SimpleNamespace(name="det-worker-9-2"))
+    plugin.scheduler = SimpleNamespace(tasks={step: on})  # type: ignore[assignment]
+    plugin.jobs = {
+        "det-worker-9-1": (SimpleNamespace(job_id=41), "{}"),
+        "det-worker-9-2": (SimpleNamespace(job_id=42), "{}"),
+    }
+    plugin.transition(step, "waiting", "processing")
+    plugin.transition(f"{step_key_prefix(key, 4)}train-30-x", "processing", "memory")  # not run
+    assert plugin.job_ids(key, [3, 4]) == ["42"]
+
+    def calls(scheduler: Scheduler) -> None:
+        scheduler.plugins[SLURM_WORKERS_NAME] = plugin
+        assert job_requests.list_jobs("tcp://127.0.0.1:1") == []  # installs the queue
+        job = {"name": "hpc-search", "user": "ana", "max_trials": 2, "client": "c1"}
+        scheduler.plugins[JOB_QUEUE_NAME].sync(key, job, waiting=[], running=[3])
+        (row,) = job_requests.list_jobs("tcp://127.0.0.1:1")
+        assert row["slurm_jobs"] == ["42"]
+        cmd_job_list(argparse.Namespace())
+
+    async def serve() -> None:
+        with dask.config.set({ROUTES_SETTING: route_modules()}):
+            async with Scheduler(port=0, dashboard_address="127.0.0.1:0") as scheduler:
+                http = f"http://127.0.0.1:{scheduler.http_server.port}"
+                monkeypatch.setenv(job_requests.HTTP_ENV, http)
+                monkeypatch.setenv(SCHEDULER_ENV, "tcp://127.0.0.1:1")
+                await asyncio.to_thread(calls, scheduler)
+
+    asyncio.run(serve())
+    header, _, row = capsys.readouterr().out.splitlines()
+    assert header.endswith("user  slurm jobs"), header
+    assert row.split()[1] == "aaaa1111" and row.endswith("  42"), row

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
@@ -59,11 +59,14 @@ from det_tasks.errors import (
     TrialStopped,
 )
 from det_tasks.run_services import TrialControl
-from det_tasks.runner.held import HeldTrial, TrialSpec
 from det_tasks.runner.library_logs import quiet_library_loggers
 from det_tasks.runner.stop_requests import STOP_FILE_ENV
 from det_tasks.runner.trial_processes import TrialProcesses
+from det_tasks.runner.trial_spec import TrialSpec
 from det_tasks.user_frames import error_text, innermost_user_frame, user_traceback
+
+if TYPE_CHECKING:
+    from det_tasks.runner.held import HeldTrial
 from registry.checkpoints import checkpoint_records
 from registry.settings import RegistrySettings
 from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
@@ -228,6 +231,10 @@ class HeldTrialPlugin(WorkerPlugin):
         # which exists only where the harness set it up).
         multiprocessing.set_start_method(None, force=True)
         quiet_library_loggers()  # once per worker process, as det-tasks does per run
+        # The held trial's harness (torch) now, not at the first trial; this module itself
+        # imports no torch, so the flow that sends the steps does not load it.
+        import det_tasks.runner.held  # noqa: F401
+
         # What a trial starts (subprocesses, pools, their children) ends with it, and with
         # this worker if it dies (det_tasks.runner.trial_processes).
         self.processes = TrialProcesses.start()
@@ -260,6 +267,8 @@ class HeldTrialPlugin(WorkerPlugin):
         )
         if self.processes is not None:
             self.processes.begin()
+        from det_tasks.runner.held import HeldTrial  # imported by setup() already
+
         try:
             self.held = HeldTrial(spec, resume)
         except InvalidHP:  # dropped by the searcher: what its __init__ started ends

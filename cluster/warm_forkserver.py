@@ -32,6 +32,7 @@ def preload_modules() -> list[str]:
         "cluster.forkserver_main",
         "distributed",
         "cluster.held_trials",
+        "det_tasks.runner.held",  # the held trial's harness and torch (held_trials has none)
         "cluster.forkserver_heap",
     ]
 

@@ -40,7 +40,7 @@ from cluster.steps import (
 )
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.entered import EnteredConfig
-from det_tasks.runner.held import TrialSpec, holdable
+from det_tasks.runner.trial_spec import TrialSpec, holdable
 from det_tasks.searcher import Searcher, Work
 from flows.searcher_reports import better, persist, searcher_metric
 from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s

@@ -40,8 +40,8 @@ class CommandLine:
 
 def check_command_line(args: list[str]) -> CommandLine:
     """Validate before anything starts (DetTasksError or ValueError, in the user's words)."""
+    from det_tasks.config.entered import enter_file
     from det_tasks.runner.in_process import check_entrypoint
-    from det_tasks.runner.trial_setup import load_raw_config
 
     args, key = split_flag(args)
     args, continued = split_flag(args, "--continue")
@@ -55,7 +55,7 @@ def check_command_line(args: list[str]) -> CommandLine:
             "give it with --activate KEY (a new experiment runs the folder as it is)"
         )
     config_path = Path(args[0]).resolve()
-    raw, cfg = load_raw_config(config_path, args[1:])
+    raw, cfg = enter_file(config_path, args[1:])
     if use_changed or (key is None and continued is None):  # else the flow checks its snapshot
         check_entrypoint(cfg, config_path.parent)
     if continued is not None:  # Determined's continue: back to PAUSED, then activated

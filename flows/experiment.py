@@ -219,14 +219,15 @@ def _run_experiment(
     experiment_key: str | None = None,
     use_changed_code: bool = False,
 ) -> Any:
-    from det_tasks.runner.trial_setup import load_raw_config
+    from det_tasks.config.entered import enter_file
     from flows.activation_start import activation_settled, code_for, reenter
     from flows.chains import TrialChains
     from registry.activation import check_activatable
     from registry.tracking import ExperimentRuns, client_for
 
     logger = get_run_logger()
-    raw, cfg = load_raw_config(config_path, overrides)  # fails fast, naming the field
+    # Fails fast, naming the field; entered once (a command line checked it already).
+    raw, cfg = enter_file(config_path, overrides)
     settings, tracking_uri = _tracking_settings()
     # Named here once; the name travels to the workers with the overrides they get (a
     # worker's copy of the config has a file name of its own). ``overrides``: as typed.

@@ -20,7 +20,7 @@ from prefect.context import TaskRunContext
 from cluster.held_trials import StepRequest, StepResult, TrialFailed
 from cluster.steps import run_step_explained
 from det_tasks.errors import StepFailed
-from det_tasks.runner.held import TrialSpec
+from det_tasks.runner.trial_spec import TrialSpec
 
 __all__ = [
     "TrialFailed",

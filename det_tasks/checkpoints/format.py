@@ -5,6 +5,9 @@ our ``trial_state``), ``load_data.json`` (trial class spec, hparams, config), ``
 (the model directory) and ``metadata.json`` (format version plus a sha256 manifest,
 written last, so a checkpoint without it is incomplete). Loading uses
 ``weights_only=True`` with the numpy types Determined's RNG state needs allow-listed.
+
+torch is imported by the functions that use it: the experiment flow reaches this module
+(checkpoint records, code copies, manifests) and runs no torch code.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from det_tasks.checkpoints.code_selection import MAX_MODEL_DEF_BYTES
 from det_tasks.checkpoints.safe_unpickle import load_pickle, torch_safe_globals
 from det_tasks.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,6 +63,8 @@ _SKIP_CODE = {".git", "__pycache__", ".venv", "checkpoints", ".mypy_cache", ".py
 
 def capture_rng_state(device: torch.device) -> dict[str, Any]:
     """Python, numpy, torch CPU (and CUDA) RNG states, in weights_only-loadable types."""
+    import torch
+
     name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
     assert isinstance(keys, np.ndarray)
     state: dict[str, Any] = {
@@ -71,6 +78,8 @@ def capture_rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    import torch
+
     name, keys, pos, has_gauss, cached = state["np_rng_state"]
     if isinstance(keys, torch.Tensor):
         keys = keys.numpy()
@@ -128,6 +137,8 @@ def determined_progress(path: Path) -> dict[str, Any]:
 
 def read_state(path: Path, torch_load_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Load ``state_dict.pth`` safely (weights_only unless the caller overrides it)."""
+    import torch
+
     state_file = find_state_file(path)
     kwargs = {"map_location": "cpu", "weights_only": True, **(torch_load_kwargs or {})}
     try:

@@ -15,7 +15,6 @@ steps cannot change the trial's random stream.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ from det_tasks import run_services
 from det_tasks.checkpoints import format as ckpt
 from det_tasks.checkpoints.references import scheme_of
 from det_tasks.config import ExperimentConfig
-from det_tasks.config.entered import EnteredConfig, enter_file
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch.harness import trial_controller
@@ -40,60 +38,13 @@ from det_tasks.runner.trial_setup import (
     train_unit,
     trial_hparams,
 )
+from det_tasks.runner.trial_spec import TrialSpec, entered_config, holdable, trial_config
 from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
 
+# TrialSpec and its helpers live in runner.trial_spec (no torch: the flow builds specs);
+# named here too, as a held trial's inputs.
 __all__ = ["HeldTrial", "TrialSpec", "entered_config", "holdable", "trial_config"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialSpec:
-    """Everything needed to build one trial anywhere (it is sent to workers, so it holds
-    paths, plain values and the entered config, never a model)."""
-
-    config_path: str
-    model_dir: str
-    overrides: tuple[str, ...]
-    trial_id: int
-    hparams: dict[str, Any]
-    experiment_run_key: str | None = None
-    device: str | None = None
-    # The config as it entered (the flow validated it once, overrides applied): a worker
-    # builds the trial from it and never reads the file or validates again. None: this
-    # process enters config_path with the spec's overrides (a spec built by hand).
-    config: EnteredConfig | None = None
-
-    @property
-    def key(self) -> str:
-        """Names the trial across workers: experiment run and trial id."""
-        return f"{self.experiment_run_key or 'local'}/trial-{self.trial_id}"
-
-
-def entered_config(spec: TrialSpec) -> EnteredConfig:
-    """The trial's config: the one the flow sent (no file read, no validation), or without
-    one the file with the spec's overrides, entered here."""
-    if spec.config is not None:
-        return spec.config
-    return enter_file(Path(spec.config_path), list(spec.overrides))
-
-
-def trial_config(spec: TrialSpec) -> tuple[dict[str, Any], ExperimentConfig]:
-    """The trial's raw config and its validated form (``entered_config``)."""
-    entered = entered_config(spec)
-    return entered.raw, entered.config
-
-
-def holdable(config: ExperimentConfig) -> str | None:
-    """None if the experiment's trials can be held in one process; else why not (script
-    entrypoints and multi-process trials train whole segments in their own processes)."""
-    if not config.is_trial_class_entrypoint:
-        return "its entrypoint is a script (Trainer API), which runs a whole segment at once"
-    if config.resources.slots_per_trial > 1:
-        return (
-            f"resources.slots_per_trial={config.resources.slots_per_trial} needs a process per "
-            "slot (torchrun/horovodrun)"
-        )
-    return None
 
 
 class HeldTrial:

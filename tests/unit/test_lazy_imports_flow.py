@@ -52,3 +52,32 @@ def test_importing_the_flow_loads_no_torch_mlflow_or_dask_until_it_runs():
     at_import, after_use = json.loads(done.stdout.strip().splitlines()[-1])
     assert at_import == []
     assert {"torch", "mlflow", "distributed", "boto3"} <= set(after_use)
+
+
+def test_the_flows_config_load_and_trial_setup_load_no_torch():
+    """What the flow runs up to its first task, besides the user's entrypoint check (which
+    imports the user's module, and torch with it): entering the config, the trial chains,
+    the tasks and the cluster's step modules, and a trial's spec and step request. None of
+    it runs torch code, so none of it imports torch (det_tasks.checkpoints.format,
+    det_tasks.runner.held and trial_setup did)."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import flows.experiment, flows.chains, flows.tasks, cluster.startup, cluster.steps\n"
+        "from det_tasks.config.entered import enter_file\n"
+        "from det_tasks.runner.trial_spec import TrialSpec, holdable\n"
+        "from flows.tasks import TrialRef\n"
+        "entered = enter_file(Path(sys.argv[1]), ['name=lazy'])\n"
+        "spec = TrialSpec(sys.argv[1], '.', (), 1, {}, config=entered)\n"
+        "ref = TrialRef(spec, 'p', 'e', 'r', holdable=holdable(entered.config) is None)\n"
+        "ref.request('train', 0, 8)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    config = ROOT / "tests" / "fixtures" / "flow_model" / "grid.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(config)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"

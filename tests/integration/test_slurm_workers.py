@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,13 +17,17 @@ import pytest
 from cluster.slurm_workers import SlurmWorkerSettings
 from infra import hosts as hosts_lib
 from infra import netns, slurm, stack
+from registry.run_nodes import nodes_of
+from registry.tracking import EXPERIMENT_RUN_TAG, client_for
 from tests.integration.helpers import isolated_stack_config, wait_for
 from tests.integration.hosts_helpers import (
     assert_bit_equal_and_recorded_once,
+    client_env,
     finished_flow,
     killed_on_error,
     prefix,
     start_flow,
+    trial_run,
     undisturbed_reference,
     wait_for_checkpoints,
 )
@@ -89,8 +94,15 @@ def test_a_trial_gets_a_worker_job_on_demand_trains_bit_equal_and_the_job_goes_w
         jobs = wait_for(lambda: _running(flow) and _jobs(site), 120, "worker job")
     assert len(jobs) == 1 and "det-worker" in jobs[0], jobs  # one trial, one worker job
     summary, err = finished_flow(flow, timeout_s=600)
-    assert_bit_equal_and_recorded_once(cluster, "slurm-xor", summary, want)
+    trial = assert_bit_equal_and_recorded_once(cluster, "slurm-xor", summary, want)
     assert any(f"on host {node}" in err for node in site.nodes), err[-3000:]
+    # The node it ran on is kept on its run, and det experiment describe names it.
+    (node,) = nodes_of(trial.data.tags)
+    assert node in site.nodes and f"on host {node}" in err
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    parent = mlflow.get_run(trial.data.tags["mlflow.parentRunId"])
+    row = _describe_row(cluster, tmp_path / "home", parent.data.tags[EXPERIMENT_RUN_TAG][:8])
+    assert row[:2] == ["1", "COMPLETED"] and row[-1] == node, row
     # Idle for the default minute once the experiment ended: given back to Slurm.
     wait_for(lambda: _jobs(site) == [], 180, "release of the idle worker job")
 
@@ -105,6 +117,8 @@ def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_check
         wait_for_checkpoints(cluster, flow, "slurm-scancel")
         (first,) = _jobs(site)
         job_id = first.split()[0]
+        # det job list names the experiment's worker job, as squeue does.
+        assert _det_job_list(cluster, tmp_path / "home")["slurm-scancel"] == job_id
         done = subprocess.run(
             ["scancel", job_id], env={**os.environ, **slurm.client_env(site)}, timeout=30
         )
@@ -122,7 +136,6 @@ def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_
     batch step: the trial checkpoints at the batch it reached (not one of its every-30
     checkpoints), the worker job ends, and the trial resumes on a new job bit-equal."""
     from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
 
     cluster, site = slurm_cluster
     want = undisturbed_reference(tmp_path / "reference")
@@ -151,6 +164,136 @@ def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_
         sorted({30, 60, 90, 100, 120, *where}),
         tuple(sorted({30, 60, 90, 120, *where})),
     )
+
+
+def test_a_slurm_preemption_checkpoints_the_trial_where_it_stands_and_it_resumes_bit_equal(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
+) -> None:
+    """A job of the site's urgent partition needs the node of the worker job: Slurm preempts
+    it (PreemptMode=REQUEUE, GraceTime), sending the job's own --signal at once
+    (preempt_send_user_signal). The trial gives way as to more urgent work, with a
+    checkpoint at the batch it reached; the worker closes, so the job ends within its grace
+    (Slurm requeues only a job still running then), another is submitted for the slot still
+    wanted, and the trial resumes there bit-equal."""
+    from registry.checkpoints import checkpoint_records
+
+    cluster, site = slurm_cluster
+    want = undisturbed_reference(tmp_path / "reference")
+    flow = start_flow(cluster, tmp_path / "home", "slurm-preempted", "hyperparameters.sleep_s=0.25")
+    slurm_env = {**os.environ, **slurm.client_env(site)}
+    with killed_on_error(flow):
+        trial = wait_for_checkpoints(cluster, flow, "slurm-preempted")
+        (first,) = _jobs(site)
+        job_id, node = first.split()[0], first.split()[-1]
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", f"--partition={site.urgent_partition}", f"--nodelist={node}",
+             "--mem=3000", f"--output={site.scratch}/urgent-%j.out", "--wrap=sleep 10"],
+            env=slurm_env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert urgent.returncode == 0, urgent.stderr
+        wait_for(lambda: _running(flow) and _gone(site, job_id), 120, "the preempted job's end")
+    summary, err = finished_flow(flow, timeout_s=600)
+    assert "preempted at batch" in err, err[-3000:]
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    steps = [r["steps_completed"] for r in checkpoint_records(mlflow, trial.info.run_id)]
+    where = [s for s in steps if s % 30]
+    assert len(where) == 1, steps  # the preemption's checkpoint, where the trial stood
+    finished = assert_bit_equal_and_recorded_once(
+        cluster,
+        "slurm-preempted",
+        summary,
+        want,
+        sorted({30, 60, 90, 100, 120, *where}),
+        tuple(sorted({30, 60, 90, 120, *where})),
+    )
+    assert nodes_of(finished.data.tags)[0] == node  # where it started, and was preempted
+
+
+def test_two_experiments_at_two_priorities_the_urgent_trial_runs_first_on_the_granted_worker(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
+) -> None:
+    """Slurm grants the nodes, the job queue picks the trial: both experiments wait while
+    other jobs fill every node (their worker jobs pend), then one node frees. Its one worker
+    goes to the priority-1 experiment, created second; the default-priority one trains only
+    once it has finished, and still ends bit-equal to an undisturbed run."""
+    from cluster.job_requests import list_jobs
+
+    cluster, site = slurm_cluster
+    want = undisturbed_reference(tmp_path / "reference")
+    scheduler = cluster.env["DET_TASKS_DASK_SCHEDULER"]
+    blockers = [_fill(site, node) for node in site.nodes]
+    try:
+        low = start_flow(cluster, tmp_path / "low", "slurm-low", "hyperparameters.sleep_s=0.1")
+        urgent = start_flow(
+            cluster, tmp_path / "urgent", "slurm-urgent", "resources.priority=1",
+            "searcher.max_length.batches=30",
+        )  # fmt: skip
+        with killed_on_error(low), killed_on_error(urgent):
+            wait_for(
+                lambda: _running(low) and _running(urgent)
+                and {j["name"] for j in list_jobs(scheduler) if j["state"] == "QUEUED"}
+                >= {"slurm-low", "slurm-urgent"},
+                180, "both experiments queued",
+            )  # fmt: skip
+            # The two fillers, and a worker job for each experiment, pending.
+            wait_for(lambda: len(_jobs(site)) == 4, 60, "a worker job for each")
+            _cancel(site, blockers[0])  # one node frees: one worker job runs
+            urgent_summary, _ = finished_flow(urgent, timeout_s=600)
+            low_summary, _ = finished_flow(low, timeout_s=600)
+    finally:
+        _cancel(site, *blockers)
+    assert urgent_summary["summary"]["best"]["batches_trained"] == 30
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    low_run = assert_bit_equal_and_recorded_once(cluster, "slurm-low", low_summary, want)
+    urgent_run = trial_run(mlflow, "slurm-urgent")
+    # One worker: the urgent trial's report at its last batch (30) came before the other's
+    # first report (batch 30 of 120), so it trained first and to its end.
+    urgent_reports = mlflow.get_metric_history(urgent_run.info.run_id, "training/loss")
+    low_reports = mlflow.get_metric_history(low_run.info.run_id, "training/loss")
+    assert [m.step for m in urgent_reports] == [30]
+    assert max(m.timestamp for m in urgent_reports) < min(m.timestamp for m in low_reports)
+
+
+def _fill(site: slurm.SlurmSite, node: str) -> str:
+    """A job of someone else's that takes all of ``node``'s memory; its id."""
+    done = subprocess.run(
+        ["sbatch", "--parsable", f"--nodelist={node}", f"--mem={site.memory_mb_per_node}",
+         "--output=/dev/null", "--wrap=sleep 900"],
+        env={**os.environ, **slurm.client_env(site)}, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _cancel(site: slurm.SlurmSite, *job_ids: str) -> None:
+    env = {**os.environ, **slurm.client_env(site)}
+    done = subprocess.run(
+        ["scancel", *job_ids], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _describe_row(cluster: hosts_lib.Hosts, home: Path, experiment: str) -> list[str]:
+    """Trial 1's row of ``det experiment describe``, as a user on host 0 sees it."""
+    described = subprocess.run(
+        [str(Path(sys.executable).parent / "det"), "experiment", "describe", experiment],
+        env=client_env(cluster, home), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    return next(line.split() for line in described.stdout.splitlines() if line.startswith("1 "))
+
+
+def _det_job_list(cluster: hosts_lib.Hosts, home: Path) -> dict[str, str]:
+    """``det job list`` as a user on host 0 runs it: each job name's Slurm job ids."""
+    listing = subprocess.run(
+        [str(Path(sys.executable).parent / "det"), "job", "list"],
+        env=client_env(cluster, home), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert listing.returncode == 0, listing.stderr
+    header, _, *rows = listing.stdout.splitlines()
+    assert header.endswith("slurm jobs"), header
+    name, state, ids = (header.index(c) for c in ("job name", "state", "slurm jobs"))
+    return {row[name:state].strip(): row[ids:].strip() for row in rows}
 
 
 def _gone(site: slurm.SlurmSite, job_id: str) -> bool:

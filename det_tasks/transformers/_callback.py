@@ -9,7 +9,8 @@
   ``args.resume_from_checkpoint`` at it, so ``trainer.train(resume_from_checkpoint=
   args.resume_from_checkpoint)`` continues.
 - Follows the searcher's operations (progress, completion with the searcher metric) and
-  stops training when they end.
+  stops training when they end; with Determined 0.38's searcher form (no length) the
+  Trainer trains its own length and a rung's stop arrives as a stop request.
 - On a stop request (pause, preemption) it makes the Trainer save, then stops training.
 """
 
@@ -24,6 +25,7 @@ import transformers
 from transformers import trainer_utils
 
 from det_tasks import cluster_info
+from det_tasks.errors import ConfigError
 
 __all__ = ["DetCallback", "get_metric_type"]
 
@@ -60,11 +62,25 @@ class DetCallback(transformers.TrainerCallback):  # type: ignore[misc]
         self.info = info
         self.load_last_checkpoint(args, info)
         self.last_metrics: dict[str, Any] = {"train_step": -1, "eval_step": -1}
-        self.searcher_ops = core_context.searcher.operations()
-        self.current_op = next(self.searcher_ops)
         self.updating_searcher = False
         searcher = dict(info.trial.config.get("searcher") or {})
         self.searcher_metric = searcher.get("metric")
+        self._follow_operations(core_context, searcher, args)
+
+    def _follow_operations(
+        self, core_context: Any, searcher: dict[str, Any], args: transformers.TrainingArguments
+    ) -> None:
+        """The searcher's operations, where the trial has a length (``max_length``, or a
+        rung's); in Determined 0.38's form (``time_metric``/``max_time``, no length) there
+        are none: the Trainer trains its own length, and a rung's stop arrives as
+        ``should_preempt()``."""
+        try:
+            self.searcher_ops: Any = core_context.searcher.operations()
+            self.current_op: Any = next(self.searcher_ops)
+        except ConfigError:
+            self.searcher_ops = self.current_op = None
+            self.searcher_unit, self.searcher_max_length = None, None
+            return
         if searcher.get("name") == "custom" or not isinstance(searcher.get("max_length"), dict):
             self.searcher_unit, self.searcher_max_length = "batches", self.current_op.length
         else:
@@ -161,7 +177,7 @@ class DetCallback(transformers.TrainerCallback):  # type: ignore[misc]
         control: transformers.TrainerControl,
         **kwargs: Any,
     ) -> None:
-        if state.epoch and self.searcher_unit == "batches":
+        if self.current_op is not None and state.epoch and self.searcher_unit == "batches":
             if state.is_world_process_zero:
                 self.current_op.report_progress(state.global_step)
             if state.global_step >= self.current_op.length:
@@ -174,7 +190,7 @@ class DetCallback(transformers.TrainerCallback):  # type: ignore[misc]
         control: transformers.TrainerControl,
         **kwargs: Any,
     ) -> None:
-        if state.epoch and self.searcher_unit == "epochs":
+        if self.current_op is not None and state.epoch and self.searcher_unit == "epochs":
             if state.is_world_process_zero:
                 self.current_op.report_progress(state.epoch)
             if state.epoch >= self.current_op.length:

@@ -14,11 +14,12 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
 
 from det_tasks.cluster_info import ClusterInfo, TrialInfo, launched  # noqa: E402
+from det_tasks.errors import ConfigError  # noqa: E402
 from det_tasks.transformers import DetCallback, get_metric_type  # noqa: E402
 
 
 class _Op:
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int | None) -> None:
         self.length = length
         self.progress: list[float] = []
         self.completed: list[Any] = []
@@ -33,7 +34,7 @@ class _Op:
 class _Context:
     """The parts of core.Context the callback uses, recording every call."""
 
-    def __init__(self, length: int = 12, stop: bool = False) -> None:
+    def __init__(self, length: int | None = 12, stop: bool = False) -> None:
         self.op = _Op(length)
         self.stop = stop
         self.training: list[tuple[int, dict[str, Any]]] = []
@@ -49,7 +50,9 @@ class _Context:
         self.validation.append((steps_completed, dict(metrics)))
 
     def operations(self) -> Any:
-        yield self.op
+        if self.op.length is None:  # as core's searcher without a length
+            raise ConfigError("searcher.operations() needs a length")
+        return iter([self.op])
 
     def should_preempt(self) -> bool:
         return self.stop
@@ -66,8 +69,12 @@ class _Context:
         (Path(ckpt_dir) / "checkpoint-8" / "trainer_state.json").write_text("{}")
 
 
-def _info(tmp_path: Path, max_length: dict[str, int], latest: str | None = None) -> ClusterInfo:
-    searcher = {"name": "single", "metric": "eval_loss", "max_length": max_length}
+def _info(
+    tmp_path: Path, max_length: dict[str, int] | None, latest: str | None = None
+) -> ClusterInfo:
+    searcher: dict[str, Any] = {"name": "single", "metric": "eval_loss"}
+    if max_length is not None:
+        searcher["max_length"] = max_length
     return ClusterInfo(
         trial=TrialInfo(7, 3, {}, {"searcher": searcher}, 0),
         latest_checkpoint=latest,
@@ -161,6 +168,21 @@ def test_the_searcher_operation_completes_with_its_metric_and_training_stops(tmp
     assert not context.op.completed
     callback.on_log(args, _state(12), control, logs={"eval_loss": 1.25})
     assert context.op.completed == [1.25] and control.should_training_stop
+
+
+def test_without_a_searcher_length_the_trainer_trains_its_own_and_a_stop_still_stops_it(
+    tmp_path,
+):
+    context = _Context(length=None)  # Determined 0.38's form: time_metric/max_time, no length
+    with launched(_info(tmp_path, None)):
+        callback = DetCallback(context, _args(tmp_path, num_train_epochs=2))
+    args, control = _args(tmp_path, max_steps=12), transformers.TrainerControl()
+    callback.on_step_end(args, _state(12), control)
+    callback.on_epoch_end(args, _state(12, epoch=2.0), control)
+    assert not context.op.progress and not control.should_training_stop
+    context.stop = True  # an ASHA rung's stop arrives as a stop request
+    callback.on_log(args, _state(12), control, logs={"loss": 1.0})
+    assert control.should_save
 
 
 def test_a_trainer_length_other_than_the_searchers_is_refused_naming_both(tmp_path):

@@ -40,14 +40,13 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
+def _det(*args: str) -> subprocess.CompletedProcess[str]:
+    det = str(Path(sys.executable).parent / "det")
+    return subprocess.run([det, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
 def _listing() -> str:
-    listed = subprocess.run(
-        [str(Path(sys.executable).parent / "det"), "experiment", "list"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    listed = _det("experiment", "list")
     assert listed.returncode == 0, listed.stderr
     return listed.stdout
 
@@ -74,6 +73,9 @@ def test_unmanaged_script_reports_to_mlflow_and_s3_and_is_listed(stack, tmp_path
     assert trial.data.tags["det.trial_id"] == "1"
     listed = [line for line in _listing().splitlines() if name in line]
     assert len(listed) == 1 and "COMPLETED" in listed[0] and " 1 " in listed[0], listed
+    described = _det("experiment", "describe", listed[0].split()[0])
+    assert described.returncode == 0, described.stderr
+    assert name in described.stdout and "COMPLETED" in described.stdout
 
 
 def test_unmanaged_script_that_raises_ends_error(stack):

@@ -23,6 +23,7 @@ __all__ = [
     "cluster_pools",
     "pool_resource",
     "register_job_queue",
+    "workers_on_demand",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -105,6 +106,18 @@ def cluster_pools(client: Client) -> dict[str, int] | None:
         _logger.debug("job queue: not available on the scheduler (%s)", err)
         return None
     return None if pools is None else dict(pools)
+
+
+def workers_on_demand(client: Client, pool: str) -> bool:
+    """Whether a plugin on the scheduler starts ``pool``'s workers when the queue wants
+    them (its ``elastic_pool``: cluster.slurm_workers), so an experiment offers the queue
+    every trial it may run at once, not one per worker there is."""
+    return bool(client.run_on_scheduler(_starts_workers_for, pool=pool))
+
+
+def _starts_workers_for(dask_scheduler: Any, pool: str) -> bool:
+    plugins = dask_scheduler.plugins.values()
+    return any(getattr(plugin, "elastic_pool", None) == pool for plugin in plugins)
 
 
 def pool_resource(pools: dict[str, int], pool: str) -> str | None:

@@ -21,11 +21,17 @@ class Placement:
     running trial has claimed (Dask picks when every worker is claimed)."""
 
     def __init__(
-        self, client: Client, experiment_key: str | None = None, pool: str = DEFAULT_POOL
+        self,
+        client: Client,
+        experiment_key: str | None = None,
+        pool: str = DEFAULT_POOL,
+        on_demand: bool = False,
     ) -> None:
         self.client = client
         self.experiment_key = experiment_key
         self.pool = pool
+        # The pool's workers are started when the job queue wants them (cluster.slurm_workers).
+        self.on_demand = on_demand
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
         # Workers being recycled (cluster.recycling): given nothing until they are back.

@@ -135,6 +135,8 @@ class TrialChains:
                 # a worker is being recycled nothing is left to Dask's choice, which could
                 # be that worker.
                 available = len(self.placement.workers())
+                if self.placement.on_demand:  # the queue's wants start the workers
+                    available = max(available, limit)
                 capacity = min(limit, available if self.recycler.busy else max(1, available))
                 for work in self._admitted(todo, capacity - active, list(running.values())):
                     stage = self._start(work)

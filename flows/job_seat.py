@@ -31,7 +31,7 @@ def queued_chains(
 ) -> TrialChains:
     """The experiment's chains on its resource pool's workers, with a seat in the
     cluster's job queue (cluster.job_queue) that decides when each trial starts."""
-    from cluster.job_slots import JobSlots, cluster_pools, pool_resource
+    from cluster.job_slots import JobSlots, cluster_pools, pool_resource, workers_on_demand
     from cluster.placement import Placement
 
     pools = cluster_pools(client)
@@ -44,7 +44,7 @@ def queued_chains(
     pool = cfg.resources.resource_pool or DEFAULT_POOL
     check_pool(pools, pool)  # before any trial: the config names a pool that is not there
     check_slurm_jobs(client, cfg)
-    placement = Placement(client, run_key, pool)
+    placement = Placement(client, run_key, pool, on_demand=workers_on_demand(client, pool))
     trials = chains(placement)
     name = experiment_name(cfg.name, trials.config_path)
     trials.queue = JobSlots(client, run_key, job_settings(cfg, name, limit, placement.gpus))

@@ -19,8 +19,9 @@ from infra import hosts as hosts_lib
 from infra import netns, slurm, stack
 from registry.run_nodes import nodes_of
 from registry.tracking import EXPERIMENT_RUN_TAG, client_for
-from tests.integration.helpers import isolated_stack_config, wait_for
+from tests.integration.helpers import FLOW_MODEL, isolated_stack_config, wait_for
 from tests.integration.hosts_helpers import (
+    FLOW_FROM_PACKAGE,
     assert_bit_equal_and_recorded_once,
     client_env,
     finished_flow,
@@ -105,6 +106,37 @@ def test_a_trial_gets_a_worker_job_on_demand_trains_bit_equal_and_the_job_goes_w
     assert row[:2] == ["1", "COMPLETED"] and row[-1] == node, row
     # Idle for the default minute once the experiment ended: given back to Slurm.
     wait_for(lambda: _jobs(site) == [], 180, "release of the idle worker job")
+
+
+def test_an_asha_search_gets_worker_jobs_on_demand_and_gives_them_back_when_idle(
+    slurm_cluster: tuple[hosts_lib.Hosts, slurm.SlurmSite], tmp_path: Path
+) -> None:
+    """asha.yaml, 4 trials, 2 at a time: from no job, a worker job per running trial (2,
+    one per node); rungs at 16, 32 and 64 batches stop 4 -> 2 -> 1, each trial on a compute
+    node; once the search ends and its workers sit idle, every job is given back."""
+    from registry.models import trial_runs
+
+    cluster, site = slurm_cluster
+    assert _jobs(site) == []
+    flow = subprocess.Popen(
+        [sys.executable, "-c", FLOW_FROM_PACKAGE, str(FLOW_MODEL), str(FLOW_MODEL / "asha.yaml"),
+         "name=slurm-asha", "searcher.max_trials=4"],
+        env=client_env(cluster, tmp_path / "home"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with killed_on_error(flow):
+        wait_for(lambda: _running(flow) and len(_jobs(site)) == 2, 180, "two worker jobs")
+    finished_flow(flow, timeout_s=600)
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    experiment = mlflow.get_experiment_by_name("slurm-asha")
+    (parent,) = mlflow.search_runs([experiment.experiment_id], "tags.`det.experiment_run` != ''")
+    trained = {}
+    for trial in trial_runs(mlflow, parent):
+        steps = [m.step for m in mlflow.get_metric_history(trial.info.run_id, "training/loss")]
+        trained[trial.data.tags["det.trial_id"]] = max(steps)
+        assert set(nodes_of(trial.data.tags)) <= set(site.nodes), trial.data.tags
+    assert sorted(trained.values()) == [16, 16, 32, 64]
+    wait_for(lambda: _jobs(site) == [], 180, "release of the idle worker jobs")
 
 
 def test_scancel_of_the_worker_job_mid_trial_costs_only_the_work_since_its_checkpoint(

@@ -198,3 +198,20 @@ def test_det_job_list_shows_the_slurm_job_ids_of_each_experiments_workers(
     header, _, row = capsys.readouterr().out.splitlines()
     assert header.endswith("user  slurm jobs"), header
     assert row.split()[1] == "aaaa1111" and row.endswith("  42"), row
+
+
+def test_an_experiment_offers_the_queue_every_trial_where_workers_come_on_demand() -> None:
+    """With no worker yet, a flow offered the queue one trial (one per worker, at least
+    one), so Slurm was asked for one job whatever the search's max_concurrent_trials."""
+    from types import SimpleNamespace
+
+    from cluster.job_slots import workers_on_demand
+    from cluster.slurm_workers import SLURM_WORKERS_NAME, SlurmWorkers
+
+    plugins: dict[str, object] = {}
+    scheduler = SimpleNamespace(plugins=plugins)
+    client = SimpleNamespace(run_on_scheduler=lambda f, **kw: f(scheduler, **kw))
+    assert workers_on_demand(client, "default") is False  # type: ignore[arg-type]
+    plugins[SLURM_WORKERS_NAME] = SlurmWorkers(SlurmWorkerSettings(pool="hpc"))
+    assert workers_on_demand(client, "hpc") is True  # type: ignore[arg-type]
+    assert workers_on_demand(client, "default") is False  # type: ignore[arg-type]

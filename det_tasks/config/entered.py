@@ -1,5 +1,5 @@
-"""The experiment config as it entered the platform: read, overridden, named and validated
-once, where it enters (``det experiment create`` / ``continue``, the experiment flow's
+"""The experiment config as it entered the platform: read, overridden and validated once,
+where it enters (``det experiment create`` / ``continue``, the experiment flow's
 command line or deployment parameters, ``det-tasks run``), and carried from there as this
 one object to every trial, segment and slot.
 
@@ -57,7 +57,7 @@ class EnteredConfig:
         """The config ``write`` wrote, as it was validated (no file parse, no model build)."""
         try:
             entered = pickle.loads(path.read_bytes())
-        except (OSError, pickle.UnpicklingError, EOFError) as err:
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
             raise ConfigError(f"entered config {str(path)!r} cannot be read: {err}") from None
         if not isinstance(entered, EnteredConfig):
             raise ConfigError(f"{str(path)!r} holds no entered experiment config")

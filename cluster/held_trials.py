@@ -25,6 +25,7 @@ train step returns early with ``preempted``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from distributed import Reschedule, Worker, WorkerPlugin, get_worker
 
 from cluster.segment_output import last_output
@@ -595,6 +597,8 @@ def _segment(
         mode = _pass_stop_requests(plugin, spec, proc, Path(env[STOP_FILE_ENV]))
         _, stderr = proc.communicate()
         plugin.preempting.discard(_preempt_key(spec))  # the queue's request is spent
+        if mode == ["kill"]:  # killed at once, as Determined kills: nothing more to read
+            return _result(worker, request.start, False, started, preempted="kill")
         if proc.returncode == EXIT_INVALID_HP:
             reason = json.loads(summary_file.read_text()).get("invalid_hp", "")
             return _result(worker, request.start, False, started, invalid_hp=str(reason))
@@ -643,8 +647,9 @@ def _pass_stop_requests(
     plugin: HeldTrialPlugin, spec: TrialSpec, proc: subprocess.Popen[str], stop_file: Path
 ) -> list[str]:
     """Until ``proc`` ends, pass a pause, cancel or the queue's preemption of the segment's
-    trial on to its script (det_tasks.runner.stop_requests; a kill is left to the grace
-    period). Returns a list the stop mode is put in, once asked."""
+    trial on to its script (det_tasks.runner.stop_requests), or kill it with every process
+    it started (a kill asks nothing of the script, as in Determined). Returns a list the
+    stop mode is put in, once asked."""
     asked: list[str] = []
     key = spec.experiment_run_key or ""
 
@@ -657,10 +662,26 @@ def _pass_stop_requests(
                 asked.append(mode)
                 state = "PREEMPTED" if mode == PREEMPT else STOP_STATES[mode]
                 stop_file.write_text(state, encoding="utf-8")
+            elif mode == "kill":
+                asked.append(mode)
+                _kill_tree(proc.pid)
             time.sleep(0.2)
 
     threading.Thread(target=watch, name="det-tasks-segment-stop", daemon=True).start()
     return asked
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process it started, all collected first (a launcher's
+    ranks run in sessions of their own, and die with it only when killed themselves)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def _empty_cuda_cache() -> None:

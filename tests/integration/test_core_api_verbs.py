@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,6 +76,55 @@ def test_det_pause_reaches_should_preempt_and_activate_continues_exactly(deploye
     assert [r["steps_completed"] for r in checkpoint_records(client, run_id)] == list(steps)
     finished = client.get_run(run_id)
     assert (finished.info.status, finished.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
+
+
+def test_det_kill_ends_a_core_api_script_at_once(
+    deployed,  # noqa: F811
+):
+    """Determined kills without asking the script. Before, the script trained on through
+    the grace period (about 1,000 more batches here) until its worker was killed."""
+    client = client_for(os.environ["MLFLOW_TRACKING_URI"])
+    name = "core-api-kill"
+    exp_id = create(
+        "checkpoints.yaml",
+        name,
+        "hyperparameters.batches=4000",
+        "hyperparameters.batch_seconds=0.05",
+    )
+    wait_for(lambda: _checkpointed(client, name), 300, "the trial's first checkpoint")
+    assert _script_processes(exp_id), "the script's process is not found while it trains"
+    killed = det("experiment", "kill", exp_id)
+    assert killed.returncode == 0, killed.stderr[-2000:]
+    at_kill = history(client, _trial_id(client, name), "training/x")[-1][0]
+    run_id = _trial_id(client, name)
+    wait_for(lambda: client.get_run(run_id).info.status == "KILLED", 120, "the run killed")
+    reported = history(client, run_id, "training/x")
+    # 0.05 s a batch: 400 batches are 20 s of training after the kill, at most.
+    assert reported[-1][0] < at_kill + 400, (at_kill, reported[-1])
+    assert all(x == float(n) for n, x in reported)  # increment_by 1: x = batch
+    time.sleep(5)  # a script still alive would report every 10 batches (0.5 s)
+    assert history(client, run_id, "training/x") == reported
+    assert not _script_processes(exp_id), "the killed script's process is still running"
+
+
+def _trial_id(client, name: str) -> str:
+    _, (trial,) = trial_runs(client, name)
+    return trial.info.run_id
+
+
+def _script_processes(exp_id: str) -> list[int]:
+    """The ``det-tasks run`` processes running the experiment's script (its segment runs
+    the script in that process), by the experiment run its command line names."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if "det_tasks.runner.cli" in argv and "--experiment-run" in argv:
+            key = argv[argv.index("--experiment-run") + 1 :][:1]
+            if key and key[0].startswith(exp_id):
+                found.append(process.pid)
+    return found
 
 
 def _flow(*args: str) -> subprocess.Popen[str]:

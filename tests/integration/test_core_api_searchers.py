@@ -79,7 +79,13 @@ def test_asha_with_time_metric_stops_scripts_at_their_rungs_through_should_preem
         finished = client.get_run(run.info.run_id)
         assert (finished.info.status, finished.data.tags["det.state"]) == ("FINISHED", "COMPLETED")
         ends.append((increment_by, end))
-    assert sum(end == 10 for _, end in ends) >= 2  # at most half are promoted from rung 1
+    # Asynchronous promotion (Determined's rule): once all 4 reported rung 1, its top half
+    # (2) went on, and more may have, promoted while fewer had reported. The worst trial
+    # never ranks in the top half of two or more, so it stops at rung 1.
+    assert sum(end > 10 for _, end in ends) >= 2
+    worst = min(increment_by for increment_by, _ in ends)
+    if [increment_by for increment_by, _ in ends].count(worst) == 1:
+        assert dict(ends)[worst] == 10, ends
     best = max(increment_by for increment_by, _ in ends)
     assert max(end for increment_by, end in ends if increment_by == best) == 40
 

@@ -100,16 +100,19 @@ def _a_step_names_its_host(
 
     from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin, StepRequest
     from cluster.steps import submit_step
+    from det_tasks.config.entered import enter_file
     from det_tasks.runner.held import TrialSpec
 
     hparams = {k[3:]: v for k, v in trial.data.params.items() if k.startswith("hp.")}
+    overrides = ("name=hosts-lost", "hyperparameters.sleep_s=0")
     spec = TrialSpec(
         config_path="killable.yaml",  # replaced on the worker by the package's paths
         model_dir="model",
-        overrides=("name=hosts-lost", "hyperparameters.sleep_s=0"),
+        overrides=overrides,
         trial_id=1,
         hparams={k: json.loads(v) for k, v in hparams.items()},
         experiment_run_key=run_key,
+        config=enter_file(FLOW_MODEL / "killable.yaml", list(overrides)),  # as a flow sends it
     )
     request = StepRequest(
         trial=spec,
@@ -119,7 +122,6 @@ def _a_step_names_its_host(
         parent_run_id=trial.data.tags["mlflow.parentRunId"],
         experiment_id=trial.info.experiment_id,
         package=package,
-        config_yaml=(FLOW_MODEL / "killable.yaml").read_text(),
         release_after=True,
     )
     with (

@@ -253,6 +253,8 @@ def test_two_experiments_at_two_priorities_the_urgent_trial_runs_first_on_the_gr
     cluster, site = slurm_cluster
     want = undisturbed_reference(tmp_path / "reference")
     scheduler = cluster.env["DET_TASKS_DASK_SCHEDULER"]
+    # No worker from an earlier test: given back after the default idle minute.
+    wait_for(lambda: _jobs(site) == [], 180, "earlier tests' idle worker jobs given back")
     blockers = [_fill(site, node) for node in site.nodes]
     try:
         low = start_flow(cluster, tmp_path / "low", "slurm-low", "hyperparameters.sleep_s=0.1")

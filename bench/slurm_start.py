@@ -15,7 +15,6 @@ waits for the idle worker job of the run before to be given back (the default id
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import shutil
@@ -95,7 +94,6 @@ def _one(det: Det, env: dict[str, str], slurm_env: dict[str, str], name: str) ->
 
 def measure(repeats: int, offset: int) -> dict[str, list[dict[str, float]]]:
     """``repeats`` cold and warm experiments, alternating, on a site and stack of its own."""
-    from cluster.slurm_settings import SlurmWorkerSettings
     from infra import netns, slurm
     from infra.stack import down, up
 
@@ -109,14 +107,7 @@ def measure(repeats: int, offset: int) -> dict[str, list[dict[str, float]]]:
             root / "site", network, ctld_port=27821 + offset, slurmd_port=27822 + offset,
             hidden=(str(root / "stack"),),
         )  # fmt: skip
-        settings = SlurmWorkerSettings(
-            partition=site.partition, memory="3GB", slurm_conf=str(site.conf),
-            output_dir=str(site.scratch),
-        )  # fmt: skip
-        config = dataclasses.replace(
-            stack_config(root / "stack", offset), host=network.gateway, dask_workers=0,
-            slurm_workers=settings.to_json(),
-        )  # fmt: skip
+        config = slurm.stack_on_site(stack_config(root / "stack", offset), site)
         slurm_env = slurm.client_env(site)
         with slurm.running(site):
             try:

@@ -26,10 +26,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cluster.slurm_settings import SlurmWorkerSettings
 from infra import netns
 from infra.netns import NetnsError, Network
 from infra.services import Service, ServiceError, start_all, state_lines, stop_all, up_or_down
+
+if TYPE_CHECKING:
+    from infra.stack import StackConfig
 
 __all__ = [
     "SlurmSite",
@@ -174,6 +179,19 @@ def slurm_conf_text(site: SlurmSite) -> str:
         "MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
     ]
     return "".join(f"{line}\n" for line in lines)
+
+
+def stack_on_site(config: StackConfig, site: SlurmSite, memory: str = "3GB") -> StackConfig:
+    """``config`` as a stack on the site's login host (host 0) with no worker of its own:
+    its Dask workers are the site's Slurm jobs (cluster.slurm_workers) of ``memory`` each,
+    in the default partition, their output in the site's shared scratch."""
+    settings = SlurmWorkerSettings(
+        partition=site.partition, memory=memory, slurm_conf=str(site.conf),
+        output_dir=str(site.scratch),
+    )  # fmt: skip
+    return dataclasses.replace(
+        config, host=site.network.gateway, dask_workers=0, slurm_workers=settings.to_json()
+    )
 
 
 def client_env(site: SlurmSite) -> dict[str, str]:

@@ -5,16 +5,15 @@ compute node bit-equal to an undisturbed run, and the job is given back once idl
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cluster.slurm_workers import SlurmWorkerSettings
 from infra import hosts as hosts_lib
 from infra import netns, slurm, stack
 from registry.run_nodes import nodes_of
@@ -53,14 +52,7 @@ def slurm_cluster(
         root / "site", network, ctld_port=26821 + _OFFSET, slurmd_port=26822 + _OFFSET,
         hidden=(str(root / "stack"),),
     )  # fmt: skip
-    settings = SlurmWorkerSettings(
-        partition=site.partition, memory="3GB", slurm_conf=str(site.conf),
-        output_dir=str(site.scratch),
-    )  # fmt: skip
-    config = dataclasses.replace(
-        isolated_stack_config(root / "stack", 60),
-        host=network.gateway, dask_workers=0, slurm_workers=settings.to_json(),
-    )  # fmt: skip
+    config = slurm.stack_on_site(isolated_stack_config(root / "stack", 60), site)
     with slurm.running(site):
         try:
             env = stack.up(config)
@@ -167,7 +159,6 @@ def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_
     """Slurm's warning (``--signal=B:USR1@N``), sent here as Slurm sends it, to the job's
     batch step: the trial checkpoints at the batch it reached (not one of its every-30
     checkpoints), the worker job ends, and the trial resumes on a new job bit-equal."""
-    from registry.checkpoints import checkpoint_records
 
     cluster, site = slurm_cluster
     want = undisturbed_reference(tmp_path / "reference")
@@ -182,20 +173,7 @@ def test_slurms_time_limit_warning_checkpoints_the_trial_where_it_stands_and_it_
         )  # fmt: skip
         assert warned.returncode == 0
         wait_for(lambda: _running(flow) and _gone(site, job_id), 120, "the warned job's end")
-    summary, err = finished_flow(flow, timeout_s=600)
-    assert "preempted at batch" in err, err[-3000:]
-    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
-    steps = [r["steps_completed"] for r in checkpoint_records(mlflow, trial.info.run_id)]
-    where = [s for s in steps if s % 30]
-    assert len(where) == 1, steps  # the warning's checkpoint, where the trial stood
-    assert_bit_equal_and_recorded_once(
-        cluster,
-        "slurm-warned",
-        summary,
-        want,
-        sorted({30, 60, 90, 100, 120, *where}),
-        tuple(sorted({30, 60, 90, 120, *where})),
-    )
+    _assert_resumed_from_where_it_stood(cluster, flow, trial, "slurm-warned", want)
 
 
 def test_a_slurm_preemption_checkpoints_the_trial_where_it_stands_and_it_resumes_bit_equal(
@@ -207,7 +185,6 @@ def test_a_slurm_preemption_checkpoints_the_trial_where_it_stands_and_it_resumes
     checkpoint at the batch it reached; the worker closes, so the job ends within its grace
     (Slurm requeues only a job still running then), another is submitted for the slot still
     wanted, and the trial resumes there bit-equal."""
-    from registry.checkpoints import checkpoint_records
 
     cluster, site = slurm_cluster
     want = undisturbed_reference(tmp_path / "reference")
@@ -224,20 +201,7 @@ def test_a_slurm_preemption_checkpoints_the_trial_where_it_stands_and_it_resumes
         )  # fmt: skip
         assert urgent.returncode == 0, urgent.stderr
         wait_for(lambda: _running(flow) and _gone(site, job_id), 120, "the preempted job's end")
-    summary, err = finished_flow(flow, timeout_s=600)
-    assert "preempted at batch" in err, err[-3000:]
-    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
-    steps = [r["steps_completed"] for r in checkpoint_records(mlflow, trial.info.run_id)]
-    where = [s for s in steps if s % 30]
-    assert len(where) == 1, steps  # the preemption's checkpoint, where the trial stood
-    finished = assert_bit_equal_and_recorded_once(
-        cluster,
-        "slurm-preempted",
-        summary,
-        want,
-        sorted({30, 60, 90, 100, 120, *where}),
-        tuple(sorted({30, 60, 90, 120, *where})),
-    )
+    finished = _assert_resumed_from_where_it_stood(cluster, flow, trial, "slurm-preempted", want)
     assert nodes_of(finished.data.tags)[0] == node  # where it started, and was preempted
 
 
@@ -286,6 +250,30 @@ def test_two_experiments_at_two_priorities_the_urgent_trial_runs_first_on_the_gr
     low_reports = mlflow.get_metric_history(low_run.info.run_id, "training/loss")
     assert [m.step for m in urgent_reports] == [30]
     assert max(m.timestamp for m in urgent_reports) < min(m.timestamp for m in low_reports)
+
+
+def _assert_resumed_from_where_it_stood(
+    cluster: hosts_lib.Hosts, flow: subprocess.Popen[str], trial: Any, name: str, want: dict
+) -> Any:
+    """The flow ends; its trial gave way once, with exactly one checkpoint off the every-30
+    grid (where it stood when signalled), and ended bit-equal to the undisturbed run, each
+    metric and checkpoint recorded once. Returns the finished trial run."""
+    from registry.checkpoints import checkpoint_records
+
+    summary, err = finished_flow(flow, timeout_s=600)
+    assert "preempted at batch" in err, err[-3000:]
+    mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
+    steps = [r["steps_completed"] for r in checkpoint_records(mlflow, trial.info.run_id)]
+    where = [s for s in steps if s % 30]
+    assert len(where) == 1, steps  # the signal's checkpoint, where the trial stood
+    return assert_bit_equal_and_recorded_once(
+        cluster,
+        name,
+        summary,
+        want,
+        sorted({30, 60, 90, 100, 120, *where}),
+        tuple(sorted({30, 60, 90, 120, *where})),
+    )
 
 
 def _fill(site: slurm.SlurmSite, node: str) -> str:

@@ -22,7 +22,7 @@ install: $(STAMP)
 horovod: install
 	PYTHON=$(BIN)/python bash infra/build_horovod.sh
 
-SOURCES := det_tasks registry cluster searchers flows det_cli infra tests bench examples
+SOURCES := det_tasks registry cluster flows det_cli infra tests bench examples
 
 lint: install
 	$(BIN)/ruff check $(SOURCES) docs

@@ -107,7 +107,7 @@ def trained_batches(home: Path, summary: dict[str, Any]) -> int:
     """Batches our run trained, summed over its trials (each trial run's progress/batches
     in the home's MLflow store): ASHA's promotions decide it, so it is counted, not assumed."""
     from det_tasks.home import no_server_recording
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(no_server_recording(home / "det")["MLFLOW_TRACKING_URI"])
     experiment_id, parent = re.findall(

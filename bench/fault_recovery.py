@@ -117,7 +117,7 @@ class Bench:
     """The stack, its MLflow, the user's command line and the undisturbed run's result."""
 
     def __init__(self, config: StackConfig, env: dict[str, str], tmp: Path, args: Any) -> None:
-        from registry.tracking import client_for
+        from registry.runs.tracking import client_for
 
         self.config, self.tmp, self.args = config, tmp, args
         self.env = env_without_platform(**env, PYTHONPATH=str(ROOT))
@@ -154,7 +154,7 @@ class Bench:
 def midway(bench: Bench, name: str, flow: subprocess.Popen[bytes]) -> str:
     """The trial's run id once its first checkpoint is recorded and its training metric
     ``--past`` batches after it is in MLflow (the flow still running)."""
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     run_id = bench.trial(name).info.run_id
 
@@ -221,7 +221,7 @@ def finished(
 def resumed_at(bench: Bench, log_after_fault: str, run_id: str) -> str:
     """How the trial's first step after the fault found it (the flow's step log): "warm"
     (still held), or the batch of the checkpoint it restored from ("0" from none)."""
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     found = re.search(r"\((warm|restored from (batch 0|\S+?)), [\d.]+ s", log_after_fault)
     if found is None:
@@ -242,7 +242,7 @@ def last_stamped_before(bench: Bench, run_id: str, fault_at: float) -> int:
 
 def experiment_key(bench: Bench, name: str) -> str:
     """The ``--activate`` key: the MLflow tag ``det.experiment_run`` of the parent run."""
-    from registry.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
+    from registry.runs.tracking import EXPERIMENT_RUN_TAG, PARENT_TAG
 
     experiment = bench.mlflow.get_experiment_by_name(name)
     runs = bench.mlflow.search_runs([experiment.experiment_id])

@@ -124,7 +124,7 @@ import random, sys, tempfile, time
 sys.path.insert(0, {str(ROOT)!r})
 from det_tasks.config import ExperimentConfig
 from det_tasks.runner.in_process import load_raw_config, run_trial
-from det_tasks.searcher import make_searcher
+from det_tasks.searchers.choose import make_searcher
 from pathlib import Path
 _, cfg = load_raw_config(Path({str(config)!r}), {overrides!r})
 work = make_searcher(cfg).start()
@@ -201,7 +201,7 @@ def deployment_latency() -> dict[str, float]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.deployments import run_deployment
 
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     t0 = time.time()
     flow_run = run_deployment(
@@ -246,7 +246,7 @@ def create_phases(det: Any, env: dict[str, str], name: str) -> dict[str, float]:
     """``det experiment create`` of a 5-batch XOR experiment on an idle stack; seconds from
     the command's start to each of CREATE_PHASES. Waits for the flow run to end."""
     from bench.det_latency import full_id, prefect_get, until
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     t0 = time.time()
     five = "searcher.max_length={batches: 5}"

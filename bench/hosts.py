@@ -215,7 +215,7 @@ def restored_from(cluster: hosts_lib.Hosts, err: str, mlflow: Any, run_id: str) 
     """The host of the first step restored from a checkpoint (the flow's step log:
     "... on tcp://IP:PORT (restored from runs:/.../checkpoints/UUID, ...") and that
     checkpoint's batch (its record's steps_completed)."""
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     found = re.search(r" on tcp://([\d.]+):\d+ \(restored from (runs:/[^,\s]+)", err)
     if found is None:
@@ -233,7 +233,7 @@ def losses(cluster: hosts_lib.Hosts, tmp: Path, repeats: int, sleep_s: float) ->
     """Parts 1 and 2: ``repeats`` losses, each host healed (its worker restarted) after."""
     from distributed import Client
 
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
     done: list[Loss] = []
@@ -264,7 +264,7 @@ def print_loss(repeat: int, loss: Loss) -> None:
 
 
 def print_losses(done: list[Loss], sleep_s: float) -> None:
-    from registry.metrics import MlflowMetricsSink
+    from registry.metrics.sink import MlflowMetricsSink
 
     flush_s = inspect.signature(MlflowMetricsSink).parameters["flush_interval_s"].default
     period = yaml.safe_load(KILLABLE.read_text())["min_checkpoint_period"]["batches"]
@@ -313,8 +313,8 @@ def hold_a_trial(label: str, env: dict[str, str], dask: Any) -> HeldTrial:
     from cluster.steps import submit_step
     from det_tasks.checkpoints.model_package import pack_model_dir
     from det_tasks.runner.held import TrialSpec
-    from registry.packages import upload_package
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.experiments.packages import upload_package
+    from registry.runs.tracking import ExperimentRuns, client_for
 
     text = KILLABLE.read_text()
     run_key = uuid.uuid4().hex

@@ -87,7 +87,7 @@ def create(env: dict[str, str], config: str, *overrides: str) -> str:
 @functools.lru_cache(maxsize=4)
 def mlflow(uri: str) -> Any:
     """One MLflow client per stack for the whole bench (it polls every 0.25 s)."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     return client_for(uri)
 
@@ -205,7 +205,7 @@ def bit_equal(env: dict[str, str], tmp: Path) -> str:
     import torch
 
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     client = mlflow(env["MLFLOW_TRACKING_URI"])
     runs = trials(env, "bench-q-holders")

@@ -39,8 +39,8 @@ def _group_alive(pgid: int) -> bool:
 
 def ctrl_c_once(home: Path) -> tuple[float, float, int, int]:
     """Seconds to exit and to no process left; the stop batch and the last checkpoint's."""
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     pids = home / "pids"
     env = {**no_server_env(home), "PYTHONPATH": str(ROOT)}

@@ -100,7 +100,7 @@ class _Trials:
 
 
 def run_one(method: str, seed: int, budget: int, max_length: int, target: float) -> dict:
-    from det_tasks.searcher import make_searcher
+    from det_tasks.searchers.choose import make_searcher
 
     searcher = make_searcher(_config(method, seed, max_length))
     trials, todo = _Trials(), searcher.start()
@@ -132,7 +132,7 @@ def tpe_ask_ms(sizes: tuple[int, ...] = (10, 50, 200)) -> dict[int, float]:
     """Median time of one TPE ask on the example's 4-parameter space, after ``n`` told."""
     import optuna
 
-    from searchers.optuna_space import search_space
+    from det_tasks.searchers.optuna.space import search_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = search_space(_config("tpe+asha", 0, 200).hyperparameters)

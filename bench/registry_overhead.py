@@ -128,8 +128,8 @@ def logging_overhead(
     backlog from one run never lands on the next. Beside wall time: this process's CPU per
     step (the sink's own cost, sender thread included) and the server's CPU per step
     during training (on a 2-core machine the server competes with training for the cores)."""
-    from registry.metrics import MlflowMetricsSink
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.metrics.sink import MlflowMetricsSink
+    from registry.runs.tracking import ExperimentRuns, client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     runs = ExperimentRuns(client, "bench-logging", uuid.uuid4().hex, {"searcher": {}})
@@ -169,9 +169,9 @@ def logging_overhead(
 def checkpoint_upload(megabytes: int) -> dict[str, float]:
     import boto3
 
-    from registry import s3 as s3_lib
-    from registry.checkpoints import S3CheckpointStore
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.checkpoints.store import S3CheckpointStore
+    from registry.runs.tracking import ExperimentRuns, client_for
+    from registry.servers import s3 as s3_lib
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     runs = ExperimentRuns(client, "bench-checkpoints", uuid.uuid4().hex, {"searcher": {}})

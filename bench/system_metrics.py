@@ -1,5 +1,5 @@
 """What sampling system metrics costs a training step, side by side: the same CPU training
-loop with no sampler and with the trial runs' sampler (registry.system_metrics) at several
+loop with no sampler and with the trial runs' sampler (registry.metrics.system_metrics) at several
 intervals, against a real MLflow server (SQLite, loopback), repeats interleaved.
 
     python bench/system_metrics.py [--repeats 5] [--seconds 6]
@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from registry.settings import RegistrySettings
-from registry.system_metrics import start_system_metrics
+from registry.metrics.system_metrics import start_system_metrics
+from registry.servers.settings import RegistrySettings
 
 INTERVALS = (0.0, 10.0, 2.0, 1.0, 0.5)
 

@@ -32,9 +32,9 @@ from det_tasks.checkpoints.format import verify
 from det_tasks.checkpoints.references import open_checkpoint_uri
 from det_tasks.pytorch import load_trial_from_checkpoint_path, to_device
 from det_tasks.pytorch.harness import check_code_trusted
-from registry import parquet_dataset
-from registry import s3 as s3_lib
-from registry.local_files import FileLocation
+from registry.jobs import parquet_dataset
+from registry.servers import s3 as s3_lib
+from registry.servers.local_files import FileLocation
 
 __all__ = ["ShardRequest", "run_shard", "shard_dataset", "shard_name"]
 

@@ -17,10 +17,10 @@ import warnings
 
 import torch._dynamo  # noqa: F401  (a trial's first optimizer imports it: ~1.2 s a worker)
 
-import registry.mlflow_services  # noqa: F401  (opened by every trial step, after fork)
+import registry.jobs.trial_services  # noqa: F401  (opened by every trial step, after fork)
 from cluster.held_trials import shield_from_group_signals
-from registry.settings import RegistrySettings
-from registry.tracking import import_tracking_store
+from registry.runs.tracking import import_tracking_store
+from registry.servers.settings import RegistrySettings
 
 __all__: list[str] = []
 

@@ -69,9 +69,9 @@ from det_tasks.user_frames import error_text, innermost_user_frame, user_traceba
 
 if TYPE_CHECKING:
     from det_tasks.runner.held import HeldTrial
-from registry.checkpoints import checkpoint_records
-from registry.settings import RegistrySettings
-from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import PARENT_TAG, TRIAL_TAG, client_for
+from registry.servers.settings import RegistrySettings
 
 __all__ = [
     "PLUGIN_NAME",
@@ -361,7 +361,7 @@ class HeldTrialPlugin(WorkerPlugin):
         unpacked once per worker. The config travels in the spec (no file is written)."""
         if request.package is None:
             return request.trial
-        from registry.packages import fetch_package
+        from registry.experiments.packages import fetch_package
 
         if request.package not in self.packages:
             self.packages[request.package] = fetch_package(request.package)

@@ -29,8 +29,8 @@ from cluster.environment import accepts
 from cluster.held_trials import StepRequest
 from det_tasks.errors import StepFailed
 from det_tasks.exit_signals import signal_cause
-from registry.settings import RegistrySettings
-from registry.tracking import PARENT_TAG, TRIAL_TAG, client_for
+from registry.runs.tracking import PARENT_TAG, TRIAL_TAG, client_for
+from registry.servers.settings import RegistrySettings
 
 __all__ = [
     "DEATHS_PLUGIN_NAME",

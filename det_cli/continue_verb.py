@@ -3,7 +3,7 @@ verb. A single-trial experiment that ended (COMPLETED, CANCELED, ERROR, or its f
 goes on from its trial's newest checkpoint, in the same experiment (the same flow run, run
 again as Prefect's Retry does) and the same MLflow runs, with the config changes given
 (``searcher.max_length`` to train longer). The rules and the records are
-registry.continuation's; this module finds the flow run, merges the changes into the
+registry.experiments.continuation's; this module finds the flow run, merges the changes into the
 parameters it runs with, and schedules it again."""
 
 from __future__ import annotations
@@ -76,7 +76,11 @@ def cmd_continue(args: argparse.Namespace) -> int:
     from det_cli.ids import experiment_run, short_id
     from flows import lifecycle, prefect_rest
     from registry.cli import tracking_client_from_env, tracking_reader_from_env
-    from registry.continuation import NothingToContinue, apply_continuation, plan_continuation
+    from registry.experiments.continuation import (
+        NothingToContinue,
+        apply_continuation,
+        plan_continuation,
+    )
 
     run = experiment_run(args.id)
     short = short_id(run.id)
@@ -134,8 +138,8 @@ def continue_hint(reader: Any, run: Any) -> str | None:
     (activate for a paused one or one whose flow died, continue for a single-trial one that
     ended), and where a dead one stopped. None for an active one or one without runs."""
     from det_cli.ids import short_id
-    from registry.experiment_view import find_parent, trial_runs_of
-    from registry.run_records import STATE_TAG
+    from registry.experiments.view import find_parent, trial_runs_of
+    from registry.runs.run_records import STATE_TAG
 
     short = short_id(run.id)
     if run.state == "PAUSED":

@@ -199,7 +199,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 def _view(run: Any) -> Any:
     from registry.cli import tracking_reader_from_env
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiments.view import describe_experiment_run
 
     view = describe_experiment_run(tracking_reader_from_env(), str(run.id))
     if view is None:
@@ -264,7 +264,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     """The best checkpoint of each of the ``--top-n`` best trials, to OUTPUT_DIR/UUID."""
-    from registry.checkpoints import rank_by_metric
+    from registry.checkpoints.store import rank_by_metric
     from registry.cli import (
         cmd_download,
         experiment_parent,

@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
 
 
 def _record(uuid: str) -> tuple[str, dict[str, Any]]:
-    from registry.checkpoints import checkpoint_records, resolve_checkpoint_uuid
+    from registry.checkpoints.store import checkpoint_records, resolve_checkpoint_uuid
     from registry.cli import tracking_client_from_env
 
     uri = resolve_checkpoint_uuid(uuid)
@@ -78,7 +78,7 @@ def cmd_checkpoint_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_download(args: argparse.Namespace) -> int:
-    from registry.checkpoints import resolve_checkpoint_uuid
+    from registry.checkpoints.store import resolve_checkpoint_uuid
     from registry.cli import cmd_download
 
     uri = resolve_checkpoint_uuid(args.uuid)

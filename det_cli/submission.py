@@ -92,7 +92,7 @@ def submit_options(parser: argparse.ArgumentParser, deployment: str) -> None:
 def _ship(model_dir: Path, max_mb: float, excluded_dirs: list[Path] | None = None) -> str:
     """Pack and upload the model directory, minus its checkpoint folders (``excluded_dirs``)."""
     from det_tasks.checkpoints.model_package import pack_model_dir
-    from registry.packages import upload_package
+    from registry.experiments.packages import upload_package
 
     packed = pack_model_dir(
         model_dir, max_bytes=int(max_mb * 2**20), excluded_dirs=excluded_dirs or ()
@@ -117,9 +117,9 @@ def cmd_experiment_create(args: argparse.Namespace, shown_id: Callable[[Any], st
     from det_cli.config_file import load_config_text
     from det_tasks.config.experiment_name import named
     from det_tasks.config.storage_paths import check_storage_beside_code, code_exclusions
-    from registry.experiment_setup import ensure_experiment, mlflow_link
-    from registry.mlflow_rest import writer_for
-    from registry.settings import RegistrySettings
+    from registry.runs.experiment_setup import ensure_experiment, mlflow_link
+    from registry.runs.mlflow_rest import writer_for
+    from registry.servers.settings import RegistrySettings
 
     # Read once and refused here, before any upload; the text is what the flow gets.
     config_text, raw, cfg = load_config_text(args.config, args.param)
@@ -179,7 +179,7 @@ def queue_at_create(key: str, cfg: Any) -> None:
 
     from cluster.environment import SCHEDULER_ENV
     from cluster.job_requests import queue_job
-    from det_tasks.searcher import trials_at_once
+    from det_tasks.searchers.choose import trials_at_once
     from flows.job_settings import job_fields
 
     address = os.environ.get(SCHEDULER_ENV)
@@ -256,7 +256,7 @@ def experiment_state(run: Any) -> str:
 
 def cmd_experiment_list(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     from registry.cli import end_orphans_seen, print_table, tracking_reader_from_env
-    from registry.experiment_view import summarize_experiment_runs
+    from registry.experiments.view import summarize_experiment_runs
 
     client = tracking_reader_from_env()
     # Runs whose flow died without a word (SIGKILL, a lost host) end here, ORPHANED, so a
@@ -296,7 +296,7 @@ def _submitted_name(parameters: dict[str, Any]) -> str:
 
 def cmd_experiment_describe(args: argparse.Namespace, shown_id: Callable[[Any], str] = str) -> int:
     from registry.cli import tracking_reader_from_env
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiments.view import describe_experiment_run
 
     run = find_flow_run(args.id)
     view = describe_experiment_run(tracking_reader_from_env(), str(run.id))

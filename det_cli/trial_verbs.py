@@ -40,8 +40,8 @@ def register(sub: Any) -> None:
 @dataclasses.dataclass(frozen=True)
 class ResolvedTrial:
     flow_run: Any
-    view: Any  # registry.experiment_view.ExperimentView
-    trial: Any  # registry.experiment_view.TrialView
+    view: Any  # registry.experiments.view.ExperimentView
+    trial: Any  # registry.experiments.view.TrialView
 
     @property
     def label(self) -> str:
@@ -50,7 +50,7 @@ class ResolvedTrial:
 
 def resolve_trial(text: str) -> ResolvedTrial:
     from registry.cli import experiment_key_of_trial_run, tracking_reader_from_env
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiments.view import describe_experiment_run
 
     ref = parse_trial_ref(text)
     client = tracking_reader_from_env()

@@ -52,7 +52,7 @@ def warm_record() -> dict[str, str]:
     return {str(k): str(v) for k, v in recorded.items()}
 
 
-# The environment variables that decide where and how a trial records (registry.settings):
+# The environment variables that decide where and how a trial records (registry.servers.settings):
 # a run may use warm workers only where they see the same values as the run.
 RECORDING_SETTINGS = (
     "MLFLOW_TRACKING_URI",

@@ -392,8 +392,8 @@ def _storage_options() -> list[tuple[str, type[BaseModel]]]:
 
 def _plugin_options() -> list[tuple[str, type[BaseModel]]]:
     """Each installed searcher plug-in with fields of its own, and their model."""
+    from det_tasks.config.searcher_plugins import SEARCHER_PLUGINS, find_searcher_plugin
     from det_tasks.plugins import entry_names
-    from det_tasks.searcher_plugins import SEARCHER_PLUGINS, find_searcher_plugin
 
     found = [(n, find_searcher_plugin(n).options) for n in sorted(entry_names(SEARCHER_PLUGINS))]
     return [(name, options) for name, options in found if options.model_fields]

@@ -90,7 +90,7 @@ def _runs_view_facts(tracking_uri: str, experiment_id: str) -> dict[str, Any]:
     direction from the parent run, the trials' hp.* params)."""
     from mlflow.tracking import MlflowClient
 
-    from registry.trials_view import TRIALS_VIEW_TAG, saved_view_state
+    from registry.runs.trials_view import TRIALS_VIEW_TAG, saved_view_state
 
     client = MlflowClient(tracking_uri)
     state = saved_view_state(client.get_experiment(experiment_id).tags[TRIALS_VIEW_TAG])
@@ -154,7 +154,7 @@ def _prefect_shots(page: Any) -> dict[str, Any]:
 
 
 def _mlflow_shots(page: Any) -> dict[str, Any]:
-    from registry.tracking import mlflow_link
+    from registry.runs.tracking import mlflow_link
 
     mlflow_ui = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
     experiment_id, trial_run = _mlflow_ids(mlflow_ui, "mnist-const")

@@ -22,20 +22,20 @@ from det_tasks.config import ExperimentConfig
 from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import DetTasksError, StepFailed
 from det_tasks.runner.in_process import check_entrypoint
-from registry.activation import (
+from registry.experiments.activation import (
     RunBefore,
     activation_progressed,
     back_to_paused,
     before_activation,
 )
-from registry.experiment_code import (
+from registry.experiments.code import (
     ExperimentCode,
     adopt_code,
     code_for_start,
     code_verdict,
     package_code,
 )
-from registry.tracking import ExperimentRuns
+from registry.runs.tracking import ExperimentRuns
 
 __all__ = ["PAUSED_FOR_S", "activation_settled", "code_for", "has_deployment", "reenter"]
 

@@ -33,10 +33,10 @@ from cluster.batch_data import shard_range
 from cluster.batch_shards import ShardRequest, run_shard
 from det_tasks.errors import ConfigError
 from flows.jobs import run_job_script
-from registry import parquet_dataset
-from registry.packages import fetch_package
-from registry.settings import RegistrySettings
-from registry.tracking import client_for
+from registry.experiments.packages import fetch_package
+from registry.jobs import parquet_dataset
+from registry.runs.tracking import client_for
+from registry.servers.settings import RegistrySettings
 
 __all__ = ["batch_inference", "plan_shards", "predict_shard", "shard_range"]
 
@@ -48,7 +48,7 @@ _ENGINE: contextvars.ContextVar[Any] = contextvars.ContextVar("batch_engine", de
 def _pinned(model_uri: str) -> str:
     """``models:/name@alias`` -> the version's source, so every shard uses the same model."""
     if model_uri.startswith("models:/"):
-        from registry.checkpoint_uris import models_uri_source
+        from registry.checkpoints.uris import models_uri_source
 
         return models_uri_source(model_uri)
     return model_uri

@@ -41,19 +41,19 @@ from cluster.steps import (
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.entered import EnteredConfig
 from det_tasks.runner.trial_spec import TrialSpec, holdable
-from det_tasks.searcher import Searcher, Work
+from det_tasks.searchers.base import Searcher, Work
 from flows.searcher_reports import better, persist, searcher_metric
 from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
 from flows.trial_table import PRUNED, TrialTable
-from registry.checkpoints import checkpoint_records
-from registry.mlflow_services import trial_run_tags
-from registry.models import trial_runs
-from registry.run_records import QUEUE_REASON_TAG
-from registry.searcher_state import STATE_TAG
-from registry.tracking import STATE_TAG as RUN_STATE_TAG
-from registry.tracking import TRIAL_TAG, ExperimentRuns
-from registry.trial_states import CANCELED, ERROR, PREEMPTED, QUEUED, STOPPED
+from registry.checkpoints.models import trial_runs
+from registry.checkpoints.store import checkpoint_records
+from registry.jobs.trial_services import trial_run_tags
+from registry.runs.run_records import QUEUE_REASON_TAG
+from registry.runs.searcher_state import STATE_TAG
+from registry.runs.tracking import STATE_TAG as RUN_STATE_TAG
+from registry.runs.tracking import TRIAL_TAG, ExperimentRuns
+from registry.runs.trial_states import CANCELED, ERROR, PREEMPTED, QUEUED, STOPPED
 
 __all__ = ["STATE_TAG", "TrialChains", "final_segment"]
 

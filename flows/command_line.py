@@ -59,12 +59,12 @@ def check_command_line(args: list[str]) -> CommandLine:
     if use_changed or (key is None and continued is None):  # else the flow checks its snapshot
         check_entrypoint(cfg, config_path.parent)
     if continued is not None:  # Determined's continue: back to PAUSED, then activated
-        from registry.continuation import continue_in_store
+        from registry.experiments.continuation import continue_in_store
 
         print(continue_in_store(cfg.name or config_path.stem, continued, raw, cfg), file=sys.stderr)
         key = continued
     elif key is not None:  # only an experiment that stopped short continues
-        from registry.activation import check_activation
+        from registry.experiments.activation import check_activation
 
         check_activation(cfg.name or config_path.stem, key)
     return CommandLine(args[0], args[1:], key, cfg, use_changed)

@@ -16,8 +16,8 @@ from cluster.steps import stop_everywhere
 from cluster.stop_requests import record_stop
 from det_tasks.checkpoints.disk_full import NoRoomForCheckpoint
 from flows.stopping import StopControl
-from registry.checkpoints import checkpoint_records
-from registry.tracking import PARENT_TAG, TRIAL_TAG, ExperimentRuns
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import PARENT_TAG, TRIAL_TAG, ExperimentRuns
 
 __all__ = ["paused_for_room"]
 

@@ -33,7 +33,7 @@ from det_tasks.home import (
     no_server_recording,
     warm_record,
 )
-from registry.shared_database import create_once
+from registry.servers.shared_database import create_once
 
 __all__ = [
     "PRESTART_ENV",

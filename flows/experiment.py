@@ -93,7 +93,8 @@ from det_tasks.config import ExperimentConfig
 from det_tasks.config.experiment_name import named
 from det_tasks.errors import ConfigError, DetTasksError, StepFailed
 from det_tasks.home import det_tasks_home
-from det_tasks.searcher import Searcher, Work, make_searcher, trials_at_once
+from det_tasks.searchers.base import Searcher, Work
+from det_tasks.searchers.choose import make_searcher, trials_at_once
 from flows.embedded import (
     honour_checkpoint_folder,
     start_shielded_prefect_server,
@@ -102,8 +103,8 @@ from flows.embedded import (
 from flows.job_seat import queued_chains
 from flows.lifecycle import continue_lines
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
-from registry.experiment_setup import mlflow_link
-from registry.settings import RegistrySettings
+from registry.runs.experiment_setup import mlflow_link
+from registry.servers.settings import RegistrySettings
 
 # torch, MLflow, Dask and boto3 (~3 s of imports) load where the flow uses them: Prefect's
 # engine imports this module before it sets the flow run Running, and `prefect deploy`
@@ -113,7 +114,7 @@ if TYPE_CHECKING:
     from flows.chains import TrialChains
     from flows.stopping import StopControl
     from flows.trial_table import TrialTable
-    from registry.tracking import ExperimentRuns
+    from registry.runs.tracking import ExperimentRuns
 
 __all__ = ["experiment", "run_settings"]
 
@@ -133,7 +134,7 @@ def _after_earlier_runs(
     """End the runs whose flow stopped without a word, and say how an earlier experiment of
     this name continues (a relaunch starts afresh, as Determined's create does)."""
     from flows.activation_start import has_deployment
-    from registry.run_states import end_orphans
+    from registry.runs.run_states import end_orphans
 
     logger = get_run_logger()
     for orphan in end_orphans(mlflow, [runs.experiment_id]):
@@ -158,7 +159,7 @@ def _searcher_work(
 
 
 def _restore(searcher: Searcher, runs: ExperimentRuns) -> None:
-    from registry.searcher_state import load_searcher_state
+    from registry.runs.searcher_state import load_searcher_state
 
     state = load_searcher_state(runs.client.get_run(runs.parent_run_id).data.tags)
     if state is not None:
@@ -184,10 +185,10 @@ def experiment(
     when given (``config`` then only names it), else the file ``config`` inside the package.
     ``experiment_key``: continue that experiment (its MLflow runs, trials and searcher
     state) instead of starting one keyed by this flow run's id. Without a package the
-    experiment runs its code snapshot (registry.experiment_code), taken when it was created;
+    experiment runs its code snapshot (registry.experiments.code), taken when it was created;
     ``use_changed_code``: resume with the model folder's code instead, as a new code version.
     """
-    from registry.packages import fetch_package
+    from registry.experiments.packages import fetch_package
 
     logger = get_run_logger()
     overrides = list(overrides or [])
@@ -222,8 +223,8 @@ def _run_experiment(
     from det_tasks.config.entered import enter_file
     from flows.activation_start import activation_settled, code_for, reenter
     from flows.chains import TrialChains
-    from registry.activation import check_activatable
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.experiments.activation import check_activatable
+    from registry.runs.tracking import ExperimentRuns, client_for
 
     logger = get_run_logger()
     # Fails fast, naming the field; entered once (a command line checked it already).
@@ -345,9 +346,9 @@ def _trial_table(
 
 def _finish(runs: ExperimentRuns, settings: RegistrySettings) -> None:
     """GC, the winner and the plots; if they fail, the parent run still ends (FAILED)."""
-    from registry.mlflow_services import finish_experiment
-    from registry.run_states import end_running_runs, record_failure
-    from registry.s3 import LazyClient
+    from registry.jobs.trial_services import finish_experiment
+    from registry.runs.run_states import end_running_runs, record_failure
+    from registry.servers.s3 import LazyClient
 
     try:
         finish_experiment(runs, LazyClient(settings.s3_endpoint))
@@ -376,7 +377,7 @@ def _end_abruptly(
     """The flow ends without its trials' cooperation: stop them at once on their workers,
     and end every run of the experiment (CANCELED on a second Ctrl-C, FAILED on an error)."""
     from cluster.steps import release_everywhere, stop_everywhere
-    from registry.run_states import end_running_runs, record_failure
+    from registry.runs.run_states import end_running_runs, record_failure
 
     killed = isinstance(err, KeyboardInterrupt)
     state, status = ("CANCELED", "KILLED") if killed else ("ERROR", "FAILED")
@@ -406,7 +407,7 @@ def _stopped(stop: StopControl, runs: ExperimentRuns, config_path: Path, run_key
     """An experiment stopped on request: its runs end KILLED with its state, and the flow
     run is suspended (a deployment's: activate resumes it) or ends Cancelled."""
     from flows.activation_start import PAUSED_FOR_S, has_deployment
-    from registry.run_states import end_running_runs
+    from registry.runs.run_states import end_running_runs
 
     assert stop.state is not None
     end_running_runs(runs.client, runs.experiment_id, runs.parent_run_id, stop.state)
@@ -476,7 +477,7 @@ def main(
     ``warm``: the home's warm services _prestart pointed it at."""
     from cluster.held_trials import TrialFailed
     from cluster.startup import background_cluster
-    from registry.tracking import import_tracking_store
+    from registry.runs.tracking import import_tracking_store
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):

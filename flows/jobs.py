@@ -19,8 +19,8 @@ from det_tasks.pytorch.harness import JOB_ID_ENV, JOB_OUTPUT_ENV
 from det_tasks.runner import worker_group as launcher
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import parse_script_command
-from registry import s3 as s3_lib
-from registry.settings import RegistrySettings
+from registry.servers import s3 as s3_lib
+from registry.servers.settings import RegistrySettings
 
 __all__ = ["OUTPUT_DIR_ENV", "run_job_script"]
 

@@ -66,7 +66,7 @@ def activate(experiment_key: str) -> str:
         reschedule(run.id, f"experiment {experiment_key[:8]} activated after its flow died")
         return f"Activated experiment {experiment_key[:8]} (its flow had died: it runs again)"
     if run.state != "PAUSED":
-        from registry.activation import already_active, not_activatable
+        from registry.experiments.activation import already_active, not_activatable
 
         short, state = experiment_key[:8], prefect_rest.experiment_state(run.state)
         if run.state in _ACTIVE or run.state == "CANCELLING":
@@ -92,7 +92,7 @@ def _stop(experiment_key: str, mode: str) -> str:
     run = _flow_run(experiment_key)
     short = experiment_key[:8]
     if run.state == "PAUSED":  # nothing runs: end it where it is recorded
-        from registry.run_states import mark_experiment_state
+        from registry.runs.run_states import mark_experiment_state
 
         message = f"experiment {short} {mode}ed while paused"
         prefect_rest.set_flow_run_state(run.id, "CANCELLED", "Cancelled", message, force=True)
@@ -187,11 +187,11 @@ def settle_dead_holders(reader: Any, runs: list[FlowRun]) -> list[str]:
     """``det experiment list/describe/continue``: every flow run among ``runs`` that Prefect
     holds Running although its flow is gone is ended Crashed (MLflow's side first: its
     RUNNING runs end ORPHANED); returns their keys. Gone: its MLflow parent says ORPHANED,
-    or its flow's heartbeat is stale or its process dead (registry.run_records.orphaned),
+    or its flow's heartbeat is stale or its process dead (registry.runs.run_records.orphaned),
     and it has been Running for longer than a heartbeat may take (a flow run just started
     again by activate or continue has not beaten yet: it is given three times as long)."""
-    from registry.experiment_view import find_parent
-    from registry.run_records import HEARTBEAT_TAG, ORPHAN_AFTER_S, STATE_TAG, orphaned
+    from registry.experiments.view import find_parent
+    from registry.runs.run_records import HEARTBEAT_TAG, ORPHAN_AFTER_S, STATE_TAG, orphaned
 
     settled = []
     now = datetime.datetime.now(datetime.UTC)
@@ -220,8 +220,8 @@ def settle_dead_holders(reader: Any, runs: list[FlowRun]) -> list[str]:
 
 def _orphaned_in_mlflow(experiment_key: str) -> bool:
     from registry.cli import tracking_reader_from_env
-    from registry.experiment_view import find_parent
-    from registry.run_records import STATE_TAG
+    from registry.experiments.view import find_parent
+    from registry.runs.run_records import STATE_TAG
 
     found = find_parent(tracking_reader_from_env(), experiment_key)
     return found is not None and found[0].data.tags.get(STATE_TAG) == "ORPHANED"
@@ -231,11 +231,11 @@ def continue_lines(
     client: Any, experiment_id: str, run_key: str, command: tuple[Path, list[str]] | None
 ) -> list[str]:
     """What a new run of an experiment's config says about earlier runs of it whose flow
-    died (found by registry.run_states.stopped_short): where each stopped and the exact
+    died (found by registry.runs.run_states.stopped_short): where each stopped and the exact
     command that continues it. ``command``: the config and overrides this run was started
     with (``python -m flows.experiment``), None on the stack (``det``). Their Prefect flow
     runs, where this server has them, are settled Crashed on the way."""
-    from registry.run_states import stopped_short
+    from registry.runs.run_states import stopped_short
 
     lines = []
     for key, batch in stopped_short(client, experiment_id, run_key):

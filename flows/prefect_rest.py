@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from det_tasks.errors import DetTasksError
-from registry.json_http import HttpRefused, Retries, Unreachable, request_json
+from registry.servers.json_http import HttpRefused, Retries, Unreachable, request_json
 
 __all__ = [
     "FlowRun",

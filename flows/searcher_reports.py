@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from det_tasks.config import ExperimentConfig
-from det_tasks.searcher import Searcher
-from registry.searcher_state import save_searcher_state
-from registry.tracking import ExperimentRuns
+from det_tasks.searchers.base import Searcher
+from registry.runs.searcher_state import save_searcher_state
+from registry.runs.tracking import ExperimentRuns
 
 __all__ = ["better", "persist", "searcher_metric"]
 

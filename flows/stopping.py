@@ -13,7 +13,7 @@ Every way in ends in one ``StopControl.request(mode)``:
 The flow then passes the request to its trials' workers (``cluster.steps.stop_everywhere``),
 where the training loop sees it at its next batch boundary. While it runs, the flow also
 beats on its MLflow parent run, so a flow that dies without a word is found
-(registry.run_states).
+(registry.runs.run_states).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 from cluster.stop_requests import STOP_STATES, record_stop, stop_requested
 from cluster.worker_calls import forget_stop
 from det_tasks.errors import ConfigError
-from registry.run_states import HEARTBEAT_S, heartbeat
+from registry.runs.run_states import HEARTBEAT_S, heartbeat
 
 __all__ = [
     "DEFAULT_STOP_GRACE_S",

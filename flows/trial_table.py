@@ -4,7 +4,7 @@ see results without reading logs (a ``create_*_artifact`` call per update would 
 copy of the whole table each time: quadratic in the number of trials).
 
 Every number in a row (batches trained, the searcher metric's best, the batch it was
-reached at, its latest value, the best checkpoint) is registry.experiment_view's
+reached at, its latest value, the best checkpoint) is registry.experiments.view's
 ``trial_progress`` of the trial's MLflow run: the reading ``det experiment describe`` and
 ``list-trials`` show too. A row is read again when its trial changed (a segment ended, it
 stopped, it was released), while it runs (at most every ``LIVE_REFRESH_S``), and all rows
@@ -38,16 +38,16 @@ from det_tasks.config.experiment import ExperimentConfig
 from det_tasks.config.hyperparameters import flatten_hparams
 from det_tasks.config.lengths import in_batches_or_epochs
 from det_tasks.errors import ConfigError
-from registry.experiment_view import (
+from registry.experiments.summary import BEST_TAG, BestTrial, log_best_tags
+from registry.experiments.view import (
     TrialProgress,
     read_trial_progress,
     trial_runs_of,
 )
-from registry.run_records import STATE_TAG, TRIAL_TAG
-from registry.settings import RegistrySettings
-from registry.summary import BEST_TAG, BestTrial, log_best_tags
-from registry.tracking import client_for
-from registry.trial_states import CANCELED, COMPLETED, ERROR, STOPPED, trial_state
+from registry.runs.run_records import STATE_TAG, TRIAL_TAG
+from registry.runs.tracking import client_for
+from registry.runs.trial_states import CANCELED, COMPLETED, ERROR, STOPPED, trial_state
+from registry.servers.settings import RegistrySettings
 
 __all__ = [
     "BEST_TAG",
@@ -364,7 +364,7 @@ class TrialTable:
         self._adopted = True
 
     def _write_best(self) -> None:
-        """The best row on the parent run's ``det.best.*`` tags (as registry.summary
+        """The best row on the parent run's ``det.best.*`` tags (as registry.experiments.summary
         names them), when it changed."""
         best, client = self.best(), self._mlflow()
         if best is None or client is None or self.parent_run_id is None:

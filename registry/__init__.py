@@ -1,13 +1,19 @@
 """MLflow and S3: the metrics sink, the checkpoint store, GC, model registry and URI resolution.
 
+Sub-packages, each above the ones before it (an import-linter contract keeps the order):
+``servers`` (reaching MLflow and S3), ``runs`` (experiments, runs and their tags),
+``metrics`` (what a trial reports), ``checkpoints`` (the store, URIs, GC, models),
+``experiments`` (what ``det`` shows and steers), ``jobs`` (the services a running trial,
+script or batch job plugs into) and ``cli`` (the ``det-tasks`` subcommands).
+
 Of the platform's packages, the one that talks to MLflow and S3 for trials and experiments
 (``infra.seaweed`` also uses boto3, to create the local stack's bucket when it starts
 SeaweedFS, declared in pyproject.toml's ``ignore_imports``; tests and benchmarks use both
 directly). det_tasks never imports this package: it reaches it through the entry
 points named in pyproject.toml (checkpoint resolvers, run services, batch-job services, the
 trial-id resolver and ``det-tasks`` subcommands) and the MetricsSink / CheckpointStore
-interfaces. ``registry.shared_database`` (creating a shared local database once) serves the
-flows' Prefect database too.
+interfaces. ``registry.servers.shared_database`` (creating a shared local database once) serves
+the flows' Prefect database too.
 """
 
 __all__: list[str] = []

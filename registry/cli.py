@@ -37,7 +37,7 @@ __all__ = [
 
 
 def _tracking_uri() -> str:
-    from registry.settings import RegistrySettings
+    from registry.servers.settings import RegistrySettings
 
     settings = RegistrySettings.from_env()
     if not settings.tracking_uri:
@@ -46,23 +46,23 @@ def _tracking_uri() -> str:
 
 
 def tracking_client_from_env() -> Any:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     return client_for(_tracking_uri())
 
 
 def tracking_reader_from_env() -> Any:
     """For commands that only read: MLflow's REST API over the standard library when the
-    server allows (registry.mlflow_rest: no MLflow import), else MLflow's client."""
-    from registry.mlflow_rest import reader_for
+    server allows (registry.runs.mlflow_rest: no MLflow import), else MLflow's client."""
+    from registry.runs.mlflow_rest import reader_for
 
     return reader_for(_tracking_uri())
 
 
 def end_orphans_seen(reader: Any) -> list[str]:
-    """End the experiment runs whose flow is gone (registry.run_states.end_orphans), found
+    """End the experiment runs whose flow is gone (registry.runs.run_states.end_orphans), found
     through ``reader``: MLflow's client is loaded only when there is one to end."""
-    from registry.run_records import HEARTBEAT_TAG, orphaned
+    from registry.runs.run_records import HEARTBEAT_TAG, orphaned
 
     experiments = [e.experiment_id for e in reader.search_experiments()]
     if not experiments:
@@ -75,7 +75,7 @@ def end_orphans_seen(reader: Any) -> list[str]:
     gone = sorted({run.info.experiment_id for run in running if orphaned(run)})
     if not gone:
         return []
-    from registry.run_states import end_orphans
+    from registry.runs.run_states import end_orphans
 
     return end_orphans(tracking_client_from_env(), gone)
 
@@ -105,7 +105,7 @@ def cmd_experiments(args: argparse.Namespace) -> int:
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     """Every checkpoint of the latest experiment run, best searcher metric first (those
     without a validation of it last, newest first)."""
-    from registry import models as models_lib
+    from registry.checkpoints import models as models_lib
 
     if args.experiment == "import":
         return cmd_import(args)
@@ -124,9 +124,9 @@ def ranked_checkpoints(
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """An experiment run's checkpoint records, each with its ``trial`` (run name),
     ``trial_id`` and ``run_id``: (searcher metric, those validated with it best first, the
-    rest newest first). Reads through MLflow's client or registry.mlflow_rest's reader."""
-    from registry.experiment_view import searcher_of, trial_runs_of
-    from registry.run_records import TRIAL_TAG, checkpoint_records_of, rank_by_metric
+    rest newest first). Reads through MLflow's client or registry.runs.mlflow_rest's reader."""
+    from registry.experiments.view import searcher_of, trial_runs_of
+    from registry.runs.run_records import TRIAL_TAG, checkpoint_records_of, rank_by_metric
 
     metric, smaller = searcher_of(parent)
     records = [
@@ -155,7 +155,7 @@ def print_checkpoints(
     then batch, as ``det experiment list-checkpoints`` lists them); with ``best``, only the
     best N validated ones (Determined's ``list-checkpoints --best N``). Returns the rows
     printed."""
-    from registry.experiment_view import trial_order
+    from registry.experiments.view import trial_order
 
     metric, ranked, rest = ranked_checkpoints(client, parent)
     shown = ranked[:best] if best is not None else [*ranked, *rest]
@@ -176,9 +176,9 @@ def print_checkpoints(
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from registry import s3 as s3_lib
-    from registry.importer import import_checkpoints
-    from registry.settings import RegistrySettings
+    from registry.checkpoints.importer import import_checkpoints
+    from registry.servers import s3 as s3_lib
+    from registry.servers.settings import RegistrySettings
 
     client = tracking_client_from_env()
     imported = import_checkpoints(
@@ -196,7 +196,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from registry.checkpoint_uris import fetch_checkpoint_uri
+    from registry.checkpoints.uris import fetch_checkpoint_uri
 
     dest = _new_destination(args.dest)
     cached = fetch_checkpoint_uri(args.uri)  # a refused or missing source: nothing is made
@@ -236,7 +236,7 @@ def _copy_into_place(source: Path, dest: Path, shown: str) -> None:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from registry import models as models_lib
+    from registry.checkpoints import models as models_lib
 
     client = tracking_client_from_env()
     best = models_lib.best_checkpoint(client, args.experiment)
@@ -250,7 +250,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_alias(args: argparse.Namespace) -> int:
-    from registry import models as models_lib
+    from registry.checkpoints import models as models_lib
 
     models_lib.set_alias(tracking_client_from_env(), args.name, args.alias, args.version)
     print(f"models:/{args.name}@{args.alias} -> version {args.version}")
@@ -269,7 +269,7 @@ def print_models(client: Any, name: str | None = None) -> None:
         try:
             models = [client.get_registered_model(name)]
         except Exception as err:
-            from registry.mlflow_errors import refused_by_mlflow
+            from registry.servers.mlflow_errors import refused_by_mlflow
 
             if not refused_by_mlflow(err):
                 raise
@@ -302,8 +302,12 @@ def create_model(client: Any, name: str, description: str | None) -> None:
 
 def register_checkpoint_version(client: Any, name: str, checkpoint_uuid: str) -> str:
     """Register the checkpoint with this uuid as a new version of ``name``; its version."""
-    from registry import models as models_lib
-    from registry.checkpoints import checkpoint_records, resolve_checkpoint_uuid, validation_value
+    from registry.checkpoints import models as models_lib
+    from registry.checkpoints.store import (
+        checkpoint_records,
+        resolve_checkpoint_uuid,
+        validation_value,
+    )
 
     uri = resolve_checkpoint_uuid(checkpoint_uuid)
     run_id = uri.split("/")[1]
@@ -324,7 +328,7 @@ def register_checkpoint_version(client: Any, name: str, checkpoint_uuid: str) ->
 
 def experiment_key_of_trial_run(client: Any, run_id: str) -> str:
     """The experiment key (flow-run id) of the experiment run a trial's MLflow run is in."""
-    from registry.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG
+    from registry.runs.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG
 
     try:
         run = client.get_run(run_id)
@@ -346,9 +350,9 @@ def trial_hparams(client: Any, run_id: str) -> dict[str, str]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from registry import models as models_lib
-    from registry import s3 as s3_lib
-    from registry.experiment_gc import collect_experiment_garbage
+    from registry.checkpoints import models as models_lib
+    from registry.checkpoints.gc import collect_experiment_garbage
+    from registry.servers import s3 as s3_lib
 
     client = tracking_client_from_env()
     parent = models_lib.parent_run(client, args.experiment)
@@ -371,7 +375,7 @@ LABEL_TAG = "det.label."
 
 def experiment_parent(client: Any, run_key: str) -> Any:
     """The MLflow parent run of the experiment run ``run_key`` (its flow-run id)."""
-    from registry.experiment_view import find_parent
+    from registry.experiments.view import find_parent
 
     found = find_parent(client, run_key)
     if found is None:
@@ -381,7 +385,7 @@ def experiment_parent(client: Any, run_key: str) -> Any:
 
 def set_experiment_description(client: Any, run_key: str, description: str) -> None:
     """The description the MLflow UI shows on the run's page (its note)."""
-    from registry.tracking import DESCRIPTION_TAG
+    from registry.runs.tracking import DESCRIPTION_TAG
 
     client.set_tag(experiment_parent(client, run_key).info.run_id, DESCRIPTION_TAG, description)
 
@@ -423,7 +427,7 @@ def delete_experiment_runs(client: Any, run_key: str) -> int:
     """Delete the parent run and its trial runs (MLflow's soft delete: restorable until an
     ``mlflow gc``); returns how many runs. Checkpoint bytes stay on S3, where registered
     model versions may still use them."""
-    from registry import models as models_lib
+    from registry.checkpoints import models as models_lib
 
     parent = experiment_parent(client, run_key)
     runs = [*models_lib.trial_runs(client, parent), parent]

@@ -1,7 +1,7 @@
 """A model directory as one reproducible archive, and its safe unpacking on a worker.
 
 ``det experiment create CONFIG DIR`` ships DIR the way Determined's did, and ``python -m
-flows.experiment`` snapshots it the same way (registry.code_snapshot): only the model
+flows.experiment`` snapshots it the same way (registry.experiments.code_snapshot): only the model
 definition goes in (det_tasks.checkpoints.code_selection: ``.detignore``, never the
 platform's homes, databases or checkpoints), refused past Determined's 95 MB, and the
 bytes are deterministic (sorted names, fixed times and owners) so identical code has an

@@ -68,7 +68,7 @@ _SUBPACKAGES = {
     "determined.core.DummySearcherContext": "core.init() off the platform gives the local "
     "(dummy) parts itself: use core.init()",
     "determined.experimental.Determined": "Determined's Python client is not supported: "
-    "query experiments with `det` or MLflow's client (registry.tracking.client_for)",
+    "query experiments with `det` or MLflow's client (registry.runs.tracking.client_for)",
     "determined.experimental.client": "Determined's Python client is not supported: query "
     "experiments with `det` or MLflow's client",
     "determined.experimental.checkpoint": "use `det checkpoint download` or det_tasks."

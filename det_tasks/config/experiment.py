@@ -26,8 +26,12 @@ from det_tasks.checkpoints.backends.shared_fs import SharedFSStorage
 from det_tasks.config.grid import grid_problem
 from det_tasks.config.hyperparameters import ConstHP, parse_hyperparameters
 from det_tasks.config.names import experiment_name_problem
+from det_tasks.config.searcher_plugins import (
+    BUILT_IN_SEARCHERS,
+    find_searcher_plugin,
+    plugin_owning,
+)
 from det_tasks.errors import ConfigError
-from det_tasks.searcher_plugins import BUILT_IN_SEARCHERS, find_searcher_plugin, plugin_owning
 
 __all__ = [
     "CheckpointStorageConfig",
@@ -111,7 +115,7 @@ class Length(_Strict):
 
 class SearcherConfig(_Strict):
     # A built-in searcher (BUILT_IN_SEARCHERS) or a plug-in's entry point name
-    # (det_tasks.searcher_plugins); the plug-in's own fields are gathered in plugin_fields.
+    # (det_tasks.config.searcher_plugins); the plug-in's own fields are gathered in plugin_fields.
     name: str
     metric: str
     smaller_is_better: bool = True
@@ -199,7 +203,7 @@ class OptimizationsConfig(_Strict):
     tensor_fusion_threshold: int | None = None
     tensor_fusion_cycle_time: int | None = None
     auto_tune_tensor_fusion: bool | None = None
-    # det_tasks extension: what a NaN/inf training loss does (see pytorch/_nonfinite.py).
+    # det_tasks extension: what a NaN/inf training loss does (see pytorch/_api/nonfinite.py).
     nonfinite_loss: Literal["warn", "error", "skip"] = "warn"
 
 

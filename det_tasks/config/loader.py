@@ -22,9 +22,9 @@ from pydantic import BaseModel, ValidationError
 from det_tasks.checkpoints.backends import options_model
 from det_tasks.config.experiment import ExperimentConfig, SearcherConfig
 from det_tasks.config.finite import FINITE_FIX, non_finite_field
+from det_tasks.config.searcher_plugins import BUILT_IN_SEARCHERS, find_searcher_plugin
 from det_tasks.config.unhonoured import warn_unhonoured
 from det_tasks.errors import ConfigError
-from det_tasks.searcher_plugins import BUILT_IN_SEARCHERS, find_searcher_plugin
 
 __all__ = [
     "apply_overrides",

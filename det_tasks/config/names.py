@@ -25,7 +25,8 @@ __all__ = [
 MAX_EXPERIMENT_NAME_LENGTH = 500
 # mlflow/utils/validation.py: MAX_ENTITY_KEY_LENGTH (param, metric and tag keys).
 MAX_PARAM_KEY_LENGTH = 250
-# A trial run logs hyperparameter ``a.b`` as the MLflow param ``hp.a.b`` (registry/tracking.py).
+# A trial run logs hyperparameter ``a.b`` as the MLflow param ``hp.a.b``
+# (registry/runs/tracking.py).
 PARAM_KEY_PREFIX = "hp."
 # mlflow/utils/validation.py: validate_param_and_metric_name, off Windows (which also
 # refuses ':'): alphanumerics (Unicode word characters), '_', '-', '.', ' ', ':' and '/'.

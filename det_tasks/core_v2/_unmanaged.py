@@ -1,5 +1,5 @@
 """The unmanaged ``core.Context``: a ``det_tasks.core`` context built on services the
-platform's ``det_tasks.unmanaged_runs`` entry point opens (registry.unmanaged_runs: the
+platform's ``det_tasks.unmanaged_runs`` entry point opens (registry.jobs.unmanaged_runs: the
 MLflow runs, the S3 store), which it ends when the context closes: COMPLETED, or ERROR
 when it closes on an exception."""
 

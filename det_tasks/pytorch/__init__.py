@@ -5,22 +5,22 @@ aliases ``determined.pytorch`` to this module).
 """
 
 from det_tasks.pytorch import samplers
-from det_tasks.pytorch._callback import PyTorchCallback
-from det_tasks.pytorch._context import PyTorchExperimentalContext, PyTorchTrialContext
-from det_tasks.pytorch._data import (
+from det_tasks.pytorch._api.callback import PyTorchCallback
+from det_tasks.pytorch._api.context import PyTorchExperimentalContext, PyTorchTrialContext
+from det_tasks.pytorch._api.legacy import reset_parameters
+from det_tasks.pytorch._api.lr_scheduler import LRScheduler
+from det_tasks.pytorch._api.reducer import MetricReducer, Reducer
+from det_tasks.pytorch._api.trial import PyTorchTrial
+from det_tasks.pytorch._data.loader import (
     DataLoader,
     TorchData,
     adapt_batch_sampler,
     data_length,
     to_device,
 )
-from det_tasks.pytorch._legacy import reset_parameters
-from det_tasks.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
-from det_tasks.pytorch._lr_scheduler import LRScheduler
-from det_tasks.pytorch._reducer import MetricReducer, Reducer
+from det_tasks.pytorch._data.units import Batch, Epoch, TrainUnit
+from det_tasks.pytorch._loading.load import CheckpointLoadContext, load_trial_from_checkpoint_path
 from det_tasks.pytorch._trainer import FitResult, Trainer, init
-from det_tasks.pytorch._trial import PyTorchTrial
-from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
 
 __all__ = [
     "Batch",

@@ -27,13 +27,13 @@ from det_tasks.config.lengths import in_batches_or_epochs
 from det_tasks.config.loader import parse_config
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import ConfigError, TrialError
-from det_tasks.pytorch._context import PyTorchTrialContext, TrialSettings
-from det_tasks.pytorch._legacy import adapt_trial
-from det_tasks.pytorch._load import load_trial_from_checkpoint_path
-from det_tasks.pytorch._loop import FitOptions, TrialController
-from det_tasks.pytorch._profiler import ProfilerSettings
-from det_tasks.pytorch._units import Batch, Epoch, TrainUnit
-from det_tasks.pytorch._warm_start import warm_start_reference
+from det_tasks.pytorch._api.context import PyTorchTrialContext, TrialSettings
+from det_tasks.pytorch._api.legacy import adapt_trial
+from det_tasks.pytorch._data.units import Batch, Epoch, TrainUnit
+from det_tasks.pytorch._loading.load import load_trial_from_checkpoint_path
+from det_tasks.pytorch._loop.loop import FitOptions, TrialController
+from det_tasks.pytorch._loop.profiler import ProfilerSettings
+from det_tasks.pytorch._loop.warm_start import warm_start_reference
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink
 
 __all__ = [

@@ -6,9 +6,9 @@ batch jobs' environment. Not Determined's API (trial code never needs these), so
 
 from __future__ import annotations
 
-from det_tasks.pytorch._checkpointing import CheckpointFiles, CheckpointWriter
-from det_tasks.pytorch._load import check_code_trusted
-from det_tasks.pytorch._restore import open_checkpoint
+from det_tasks.pytorch._loading.load import check_code_trusted
+from det_tasks.pytorch._loop.checkpointing import CheckpointFiles, CheckpointWriter
+from det_tasks.pytorch._loop.restore import open_checkpoint
 from det_tasks.pytorch._trainer import length_to_unit, store_from_config, trial_controller
 from det_tasks.pytorch.experimental.job_environment import JOB_ID_ENV, JOB_OUTPUT_ENV
 

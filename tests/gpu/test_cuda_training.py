@@ -25,7 +25,7 @@ from det_tasks import pytorch
 from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import TrialError
 from det_tasks.pytorch import DataLoader
-from det_tasks.pytorch._feeder import iterate_batches
+from det_tasks.pytorch._data.feeder import iterate_batches
 from det_tasks.sinks import InMemoryMetricsSink
 from tests.fixtures.trials import OneVarTrial
 

@@ -203,7 +203,7 @@ def group_alive(pgid: int) -> list[str]:
 def killable_runs(home: Path) -> list[Any]:
     """Every MLflow run of the flow fixture's ``flow-killable`` experiment in ``home``'s
     store (a run without servers)."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     experiment = client.get_experiment_by_name("flow-killable")
@@ -215,8 +215,8 @@ def paused_at_the_stop_batch(home: Path, batches: int = 120) -> tuple[list[Any],
     """Assert a paused run of the flow fixture's killable trial in ``home``: every run ended
     KILLED with det.state PAUSED, and the trial's last checkpoint is at the batch it stopped
     at, before its ``batches``. Returns (the runs, the trial's run, the MLflow client)."""
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     runs = killable_runs(home)
     assert {r.info.status for r in runs} == {"KILLED"}

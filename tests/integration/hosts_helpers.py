@@ -54,7 +54,7 @@ import json, sys
 from collections.abc import Iterator
 from pathlib import Path
 from det_tasks.checkpoints.model_package import pack_model_dir
-from registry.packages import upload_package
+from registry.experiments.packages import upload_package
 from flows.experiment import experiment
 
 model, config = Path(sys.argv[1]), Path(sys.argv[2])
@@ -118,8 +118,8 @@ def wait_for_checkpoints(
     cluster: hosts_lib.Hosts, flow: subprocess.Popen[str], name: str, count: int = 1
 ) -> Any:
     """The trial run once it has ``count`` checkpoints recorded (the flow still running)."""
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
     deadline = time.monotonic() + 300
@@ -183,8 +183,8 @@ def assert_bit_equal_and_recorded_once(
     import torch
 
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     got = summary["summary"]
     assert got["best"]["batches_trained"] == 120

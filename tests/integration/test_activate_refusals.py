@@ -32,7 +32,7 @@ def _activate(home: Path, key: str) -> subprocess.CompletedProcess[str]:
 def home_with_a_completed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A home whose MLflow store holds one completed experiment run of flow-grid, and its
     key."""
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.runs.tracking import ExperimentRuns, client_for
 
     home = tmp_path_factory.mktemp("activate")
     (home / "det").mkdir()
@@ -45,7 +45,7 @@ def home_with_a_completed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 
 def _run_count(home: Path) -> int:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     return len(client.search_runs([e.experiment_id for e in client.search_experiments()]))

@@ -81,8 +81,8 @@ def test_job_run_on_the_stack_uploads_to_s3_reports_to_mlflow_and_survives_a_sig
 ):
     from det_tasks.runner.cli import main as det_tasks
     from infra.stack import deploy
-    from registry.batch_jobs import JOB_TAG
-    from registry.tracking import client_for
+    from registry.jobs.batch_jobs import JOB_TAG
+    from registry.runs.tracking import client_for
 
     deploy(stack)
     config = tmp_path / "job.yaml"

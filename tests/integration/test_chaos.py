@@ -57,7 +57,7 @@ FLOW = """
 import sys
 from pathlib import Path
 from det_tasks.checkpoints.model_package import pack_model_dir
-from registry.packages import upload_package
+from registry.experiments.packages import upload_package
 from flows.experiment import experiment
 
 model, config, key = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] or None
@@ -73,7 +73,7 @@ class _Chaos:
     shows while it runs."""
 
     def __init__(self, cluster: hosts_lib.Hosts, home: Path, rng: random.Random) -> None:
-        from registry.tracking import client_for
+        from registry.runs.tracking import client_for
 
         self.cluster, self.home, self.rng = cluster, home, rng
         self.mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])
@@ -109,7 +109,7 @@ class _Chaos:
         return str(parent.data.tags["det.experiment_run"])
 
     def checkpoints(self) -> int:
-        from registry.checkpoints import checkpoint_records
+        from registry.checkpoints.store import checkpoint_records
 
         return sum(len(checkpoint_records(self.mlflow, r.info.run_id)) for r in self.trial_runs())
 
@@ -205,7 +205,7 @@ def _assert_recorded_once_and_equal(chaos: _Chaos, references: dict[int, Path]) 
     import torch
 
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
     from tests.integration.helpers import environment
 
     runs = chaos.trial_runs()

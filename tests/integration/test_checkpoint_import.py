@@ -66,7 +66,7 @@ def test_import_adopts_every_layout_signed_and_registered(tmp_path, monkeypatch)
     from det_tasks.checkpoints.format import verify
     from det_tasks.checkpoints.trust import is_signed_here
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from registry.checkpoint_uris import fetch_checkpoint_uri as _fetch
+    from registry.checkpoints.uris import fetch_checkpoint_uri as _fetch
 
     expected = json.loads((ROOT / "expected_logits.json").read_text())
     for uri in uris:
@@ -83,7 +83,7 @@ def test_import_adopts_every_layout_signed_and_registered(tmp_path, monkeypatch)
     # Warm start from the registry: a uuid this trial's storage does not hold, or a trial
     # id (the imported trial 7: its most recent checkpoint, 0.21-metadata is the last).
     from det_tasks.checkpoints.store import LocalDirectoryStore
-    from det_tasks.pytorch._warm_start import warm_start_reference
+    from det_tasks.pytorch._loop.warm_start import warm_start_reference
 
     store = LocalDirectoryStore(tmp_path / "elsewhere")
     by_uuid = {"searcher": {"source_checkpoint_uuid": Path(sources[0]).name}}
@@ -111,10 +111,10 @@ def test_import_from_s3_on_the_stack(stack):
     """A Determined checkpoint left in S3 storage (its uuid as the prefix) is adopted from
     there: downloaded with the stack's keys, registered, and loadable by its runs:/ URI."""
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from registry import s3 as s3_lib
-    from registry.importer import import_checkpoints
-    from registry.settings import RegistrySettings
-    from registry.tracking import client_for
+    from registry.checkpoints.importer import import_checkpoints
+    from registry.runs.tracking import client_for
+    from registry.servers import s3 as s3_lib
+    from registry.servers.settings import RegistrySettings
 
     settings = RegistrySettings.from_env()
     s3 = s3_lib.client()

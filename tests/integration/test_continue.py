@@ -47,7 +47,7 @@ def _parent_and_trial(home: Path, key: str | None = None) -> tuple[Any, Any]:
 
 
 def _losses(home: Path, run_id: str) -> list[tuple[int, float]]:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     return [(m.step, m.value) for m in client.get_metric_history(run_id, "training/loss")]
@@ -55,8 +55,8 @@ def _losses(home: Path, run_id: str) -> list[tuple[int, float]]:
 
 def _final_weights(home: Path, trial: Any) -> dict[str, torch.Tensor]:
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     store = f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}"
     records = checkpoint_records(client_for(store), trial.info.run_id)
@@ -142,8 +142,8 @@ def test_a_sigkilled_launcher_is_named_by_the_relaunch_and_continues_from_its_ch
     orphan, _ = _parent_and_trial(tmp_path, key)
     assert orphan.data.tags["det.state"] == "ORPHANED"
 
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
     newest = max(r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id))
@@ -160,8 +160,8 @@ def test_a_sigkilled_launcher_is_named_by_the_relaunch_and_continues_from_its_ch
 
 def _wait_for_checkpoint(home: Path, proc: subprocess.Popen[str], at_least: int) -> Any:
     """The experiment's parent run once its trial recorded a checkpoint at ``at_least``."""
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     store = home / "det" / "mlflow.db"
     deadline = time.monotonic() + 300
@@ -183,9 +183,9 @@ def _wait_for_checkpoint(home: Path, proc: subprocess.Popen[str], at_least: int)
 def test_a_search_is_refused_in_one_line_that_says_what_to_use(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     from det_tasks.runner.trial_setup import load_raw_config
-    from registry.continuation import plan_continuation
-    from registry.run_states import end_running_runs
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.experiments.continuation import plan_continuation
+    from registry.runs.run_states import end_running_runs
+    from registry.runs.tracking import ExperimentRuns, client_for
 
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     raw = load_raw_config(FLOW_MODEL / "grid.yaml", [])[0]

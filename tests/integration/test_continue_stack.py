@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from infra.stack import deploy, down, up
-from registry.run_states import ORPHAN_AFTER_S
-from registry.tracking import client_for
+from registry.runs.run_states import ORPHAN_AFTER_S
+from registry.runs.tracking import client_for
 from tests.integration.helpers import env_without_platform, wait_for
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
@@ -92,7 +92,7 @@ def test_continue_a_completed_experiment_on_the_stack_to_a_larger_length(
 ):
     from det_cli.ids import experiment_run
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     workdir = tmp_path / "xor"
     shutil.copytree(FLOW_MODEL, workdir)
@@ -134,7 +134,7 @@ def test_a_stack_stopped_under_a_running_experiment_is_settled_and_continues(
     deployed, tmp_path, monkeypatch
 ):
     from det_cli.ids import experiment_run
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     workdir = tmp_path / "xor"
     shutil.copytree(FLOW_MODEL, workdir)

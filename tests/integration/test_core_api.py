@@ -123,8 +123,8 @@ def test_a_flow_pause_reaches_should_preempt_and_activate_continues_exactly(tmp_
     """``python -m flows.experiment`` of the counter, paused (SIGINT to the flow, as ``kill
     -INT``): the script's segment stops at its own checkpoint, every run ends KILLED with
     det.state PAUSED, and ``--activate`` continues the same trial run to the exact end."""
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     params = [
         "hyperparameters.batches=300",
@@ -175,7 +175,7 @@ def _flow(home: Path, *args: str) -> subprocess.Popen[str]:
 
 def _trial_runs(home: Path, experiment: str) -> list[tuple[int, list[tuple[int, float]]]]:
     """Each trial run's increment_by and its validation/x history (step, value)."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     found = client.get_experiment_by_name(experiment)

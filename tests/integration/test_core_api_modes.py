@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from infra.stack import deploy
-from registry.checkpoints import checkpoint_records
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "core_api"
 DET = str(Path(sys.executable).with_name("det"))
@@ -160,7 +160,7 @@ def test_det_experiment_create_with_a_launcher(deployed, config, name):
     assert history(client, run_id, "training/x") == [(10, 60.0), (20, 120.0)]
     assert history(client, run_id, "validation/x") == [(20, 120.0)]
     assert client.get_run(run_id).data.tags["det.state"] == "COMPLETED"
-    from registry.checkpoint_uris import fetch_checkpoint_uri
+    from registry.checkpoints.uris import fetch_checkpoint_uri
 
     newest = fetch_checkpoint_uri(checkpoint_records(client, run_id)[-1]["uri"])
     assert [(newest / f"state-{r}").read_text() for r in (0, 1)] == ["20,40", "20,80"]

@@ -42,7 +42,7 @@ with det.core.init() as core_context:
 
 def _runs(home: Path, experiment: str) -> list[Any]:
     """The experiment's trial runs (MLflow), with the client to read their histories."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     found = client.get_experiment_by_name(experiment)

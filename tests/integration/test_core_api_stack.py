@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from det_tasks.runner import run_trial
-from registry.checkpoints import checkpoint_records
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "core_api"
 RECORD_KEYS = {"uuid", "uri", "s3_uri", "steps_completed", "validation_metrics", "bytes"}

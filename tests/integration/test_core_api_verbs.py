@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from registry.checkpoints import checkpoint_records
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 from tests.integration.helpers import REPO, wait_for
 from tests.integration.test_core_api_modes import (
     EXAMPLES,

@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 
 from det_tasks.checkpoints.references import open_checkpoint_uri
-from registry.checkpoints import checkpoint_records
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "core_v2" / "unmanaged.py"

@@ -408,7 +408,7 @@ def test_side_files_through_the_command_from_another_directory(tmp_path: Path) -
 # ---- the flow: no servers, and on the stack ----------------------------------------------
 def _observed_in_mlflow(client: Any, summary: dict[str, Any], out: Path) -> Observed:
     """The trial's histories from its MLflow run (metrics ``training/x``, ``validation/x``)."""
-    from registry.models import trial_runs
+    from registry.checkpoints.models import trial_runs
 
     match = re.search(r"runs/([0-9a-f]{32})", summary["mlflow_parent_run"])
     assert match, summary["mlflow_parent_run"]
@@ -428,7 +428,7 @@ def _observed_in_mlflow(client: Any, summary: dict[str, Any], out: Path) -> Obse
 ENVIRONMENT_PROBES = {"probe_sigterm_default"}
 
 
-# MLflow refuses some characters in a metric's name: registry.metrics records the name with
+# MLflow refuses some characters in a metric's name: registry.metrics.sink records the name with
 # each of them as "_" (recall@1 as recall_1, the strict xfail below).
 _REFUSED_BY_MLFLOW = re.compile(r"[^\w.\- :/]")
 
@@ -462,7 +462,7 @@ def _python(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _flow(case: Case, home: Path, out: Path) -> tuple[Observed, dict[str, Any], str]:
     """``python -m flows.experiment`` of the case with no servers: what MLflow recorded of
     its trial, the printed summary, and stderr."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     config = str(CORPUS / case.folder / case.config)
     proc = _python(home, "flows.experiment", config, *case.flow_args(out))
@@ -516,7 +516,7 @@ def test_flow_gives_the_known_answers_and_det_tasks_runs_metrics(
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="MLflow refuses '@' in metric names: registry.metrics records 'recall@1' as "
+    reason="MLflow refuses '@' in metric names: registry.metrics.sink records 'recall@1' as "
     "'recall_1' (with a warning), so the name the trial reported is not the one in MLflow",
 )
 def test_flow_records_every_metric_name(warm_home: Path, tmp_path: Path) -> None:
@@ -532,7 +532,7 @@ def test_flow_trials_child_processes_keep_default_signals(warm_home: Path, tmp_p
 
 @pytest.fixture(scope="module")
 def on_stack(stack: Any) -> Iterator[Any]:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     yield client_for(os.environ["MLFLOW_TRACKING_URI"])
 

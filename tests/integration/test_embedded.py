@@ -49,7 +49,7 @@ def test_embedded_grid_runs_without_servers(tmp_path: Path) -> None:
     ... already exists" or an alembic mismatch killed one of them)."""
     pytest.importorskip("mlflow")
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     beside = subprocess.Popen(
         [
@@ -127,7 +127,7 @@ def test_embedded_bad_override_fails_before_any_server(tmp_path: Path) -> None:
 def test_a_failing_trial_ends_failed_everywhere_with_one_last_line(tmp_path: Path) -> None:
     """train_batch raises at batch 3; max_restarts: 1 retries it once from batch 0."""
     pytest.importorskip("mlflow")
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     proc = _run(
         [str(GRID), "searcher.max_trials=1", "data.fail_at_batch=3", "max_restarts=1"], tmp_path

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from infra.stack import deploy
-from registry.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG, TRIAL_TAG
-from registry.tracking import client_for
+from registry.runs.run_records import EXPERIMENT_RUN_TAG, PARENT_TAG, TRIAL_TAG
+from registry.runs.tracking import client_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

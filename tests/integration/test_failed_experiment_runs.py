@@ -38,7 +38,7 @@ TWO_TRIALS = {
 
 
 def test_a_trial_beside_the_failing_one_ends_failed_too(tmp_path: Path) -> None:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     shutil.copy(FLOW_MODEL / "model_def.py", tmp_path / "model_def.py")
     config = tmp_path / "two.yaml"

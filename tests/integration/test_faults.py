@@ -85,7 +85,7 @@ def _weights(checkpoint: str) -> list[torch.Tensor]:
 
 
 def _training_steps(summary: dict[str, Any]) -> list[int]:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     run_id = summary["best"]["checkpoint"].split("/")[1]

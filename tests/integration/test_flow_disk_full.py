@@ -55,7 +55,7 @@ def _published(artifacts: Path) -> tuple[list[Path], list[Path]]:
 def test_a_full_disk_pauses_the_flow_with_one_line_and_activate_trains_on(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     artifacts = tmp_path / "det" / "artifacts"  # the flow's artifact and checkpoint folder
     with small_filesystem(artifacts, "8m"):
@@ -77,7 +77,7 @@ def test_a_full_disk_pauses_the_flow_with_one_line_and_activate_trains_on(tmp_pa
         assert {r.data.tags.get("det.state") for r in runs} == {"PAUSED"}
         trial = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
         with environment(replace=home_env(tmp_path)):
-            from registry.tracking import client_for
+            from registry.runs.tracking import client_for
 
             client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
         assert [r["steps_completed"] for r in checkpoint_records(client, trial.info.run_id)] == [

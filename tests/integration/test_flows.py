@@ -19,9 +19,9 @@ import torch
 
 from det_tasks import ConfigError, pytorch
 from infra.stack import deploy
-from registry.checkpoints import checkpoint_records
-from registry.models import best_checkpoint, register_checkpoint, trial_runs
-from registry.tracking import client_for
+from registry.checkpoints.models import best_checkpoint, register_checkpoint, trial_runs
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 
@@ -78,7 +78,7 @@ def test_grid_of_four_with_concurrency_two(stack):
     # table in MLflow's "Model training" workspace, the real trial id in metadata.json.
     from mlflow.tracking import MlflowClient
 
-    from registry.checkpoint_uris import fetch_checkpoint_uri as _fetch
+    from registry.checkpoints.uris import fetch_checkpoint_uri as _fetch
 
     best = summary["best"]
     parent_id = summary["mlflow_parent_run"].split("?")[0].rsplit("/", 1)[-1]
@@ -203,7 +203,7 @@ def test_sigkilled_trial_resumes_and_matches_an_uninterrupted_run(stack, tmp_pat
 
 
 def _pinned_xor() -> str:
-    from registry.checkpoint_uris import models_uri_source
+    from registry.checkpoints.uris import models_uri_source
 
     return models_uri_source("models:/xor@champion")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from det_tasks.checkpoints.references import open_checkpoint_uri
-from registry.checkpoints import checkpoint_records
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 from tests.integration.helpers import home_env
 
 pytest.importorskip("transformers", reason="the transformers extra is not installed")

@@ -66,7 +66,7 @@ def _lose_the_host_holding_the_trial(
 def test_a_host_lost_mid_trial_continues_on_another_host_bit_equal(
     cluster: hosts_lib.Hosts, hosts_reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     name = "hosts-lost"
     flow = start_flow(cluster, tmp_path / "client", name, "hyperparameters.sleep_s=0.1")

@@ -57,7 +57,7 @@ def _kill_group(service: Service) -> float:
 def test_mlflow_restarted_on_the_services_host_loses_and_repeats_no_metric(
     cluster: hosts_lib.Hosts, hosts_reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     name = "hosts-mlflow-restart"
     # scheduling_unit=1: training metrics reported every batch (the default, 100, reports at
@@ -82,7 +82,7 @@ def test_mlflow_restarted_on_the_services_host_loses_and_repeats_no_metric(
         cluster, name, summary, hosts_reference, list(range(1, 121))
     )
 
-    # While MLflow was down the worker trained on. Its sink (registry/metrics.py) only
+    # While MLflow was down the worker trained on. Its sink (registry/metrics/sink.py) only
     # queued each batch's report on the training thread; the sender's log-batch requests
     # failed and were kept and retried with backoff (up to 10 s apart), and once the server
     # answered, a batch whose request had failed midway was checked against the stored
@@ -143,7 +143,7 @@ def _flow_logs(flow_run_id: Any) -> list[str]:
 def test_pause_lose_its_host_then_activate_resumes_on_the_other_host_bit_equal(
     cluster: hosts_lib.Hosts, hosts_reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     name = "hosts-pause"
     if not deployments_current(cluster.config.stack):  # `make up` registers them
@@ -198,7 +198,7 @@ class _Moved(NamedTuple):
 def _pause_lose_activate(cluster: hosts_lib.Hosts, mlflow: Any, name: str, exp_id: str) -> _Moved:
     """Pause once the trial has its first checkpoint, lose the host that held it while it is
     paused, activate, and wait for the experiment's end."""
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     def checkpointed() -> Any:
         trial = trial_run(mlflow, name)
@@ -244,8 +244,8 @@ def _assert_resumed_bit_equal(
     import torch
 
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     mlflow = client_for(env["MLFLOW_TRACKING_URI"])
     records = checkpoint_records(mlflow, run_id)

@@ -16,7 +16,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model" / "inva
 
 def test_invalid_trials_are_dropped_and_replaced(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     proc = _run([str(CONFIG)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -40,7 +40,7 @@ def _queued_job(name: str) -> list[str] | None:
 
 
 def _trial_runs(name: str) -> list:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name(name)
@@ -58,8 +58,8 @@ def test_a_raised_job_preempts_after_the_minimum_and_the_preempted_trial_resumes
 ) -> None:
     pytest.importorskip("mlflow")
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
-    from registry.tracking import client_for
+    from registry.checkpoints.store import checkpoint_records
+    from registry.runs.tracking import client_for
 
     pids = tmp_path / "pids"
     holders = flow_experiment(

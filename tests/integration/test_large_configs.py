@@ -16,9 +16,9 @@ import boto3
 import yaml
 
 from det_tasks.runner.trial_setup import load_raw_config
-from registry.checkpoints import checkpoint_records
-from registry.models import trial_runs
-from registry.tracking import EXPERIMENT_RUN_TAG, client_for, experiment_config
+from registry.checkpoints.models import trial_runs
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import EXPERIMENT_RUN_TAG, client_for, experiment_config
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 

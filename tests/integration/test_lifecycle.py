@@ -47,7 +47,7 @@ def test_ctrl_c_checkpoints_at_the_stop_batch_and_activate_continues_bit_equal(
 ) -> None:
     pytest.importorskip("mlflow")
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}")

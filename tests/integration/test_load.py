@@ -20,10 +20,10 @@ import pytest
 from det_tasks import pytorch
 from det_tasks.sinks import InMemoryMetricsSink
 from infra.stack import down, up
-from registry.checkpoints import checkpoint_records
-from registry.mlflow_services import trial_services
-from registry.models import trial_runs
-from registry.tracking import client_for
+from registry.checkpoints.models import trial_runs
+from registry.checkpoints.store import checkpoint_records
+from registry.jobs.trial_services import trial_services
+from registry.runs.tracking import client_for
 from tests.fixtures.trials import OneVarTrial
 from tests.integration.helpers import env_without_platform, isolated_stack_config
 

@@ -73,8 +73,8 @@ class GridExperiment:
 def grid(stack) -> GridExperiment:
     """One 4-trial grid experiment through the real flow, for every test of this module."""
     from flows.experiment import experiment
-    from registry.models import trial_runs
-    from registry.tracking import client_for
+    from registry.checkpoints.models import trial_runs
+    from registry.runs.tracking import client_for
 
     name = "browser-grid"
     summary = experiment(str(FLOW_MODEL / "grid.yaml"), [f"name={name}"])

@@ -27,9 +27,9 @@ def test_optuna_search_runs_on_the_flow(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
     pytest.importorskip("optuna")
     from det_tasks.config.loader import load_config
-    from det_tasks.searcher import make_searcher
-    from registry.searcher_state import load_searcher_state
-    from registry.tracking import client_for
+    from det_tasks.searchers.choose import make_searcher
+    from registry.runs.searcher_state import load_searcher_state
+    from registry.runs.tracking import client_for
 
     env = env_without_platform(
         DET_TASKS_HOME=str(tmp_path / "det"), PREFECT_HOME=str(tmp_path / "prefect")
@@ -91,9 +91,9 @@ def test_the_study_continues_after_the_flow_is_sigkilled(tmp_path: Path) -> None
     pytest.importorskip("mlflow")
     pytest.importorskip("optuna")
     from det_tasks.config.loader import load_config
-    from det_tasks.searcher import make_searcher
-    from registry.searcher_state import load_searcher_state
-    from registry.tracking import EXPERIMENT_RUN_TAG, client_for
+    from det_tasks.searchers.choose import make_searcher
+    from registry.runs.searcher_state import load_searcher_state
+    from registry.runs.tracking import EXPERIMENT_RUN_TAG, client_for
 
     env = env_without_platform(
         DET_TASKS_HOME=str(tmp_path / "det"), PREFECT_HOME=str(tmp_path / "prefect")

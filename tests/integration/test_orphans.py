@@ -12,8 +12,8 @@ import pytest
 
 def test_a_parent_without_heartbeat_for_a_minute_is_ended_with_its_trials(tmp_path: Path):
     pytest.importorskip("mlflow")
-    from registry.run_states import ORPHAN_AFTER_S, end_orphans, heartbeat
-    from registry.tracking import PARENT_TAG, client_for
+    from registry.runs.run_states import ORPHAN_AFTER_S, end_orphans, heartbeat
+    from registry.runs.tracking import PARENT_TAG, client_for
 
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.create_experiment("orphans", artifact_location=tmp_path.as_uri())
@@ -48,14 +48,14 @@ def test_a_fresh_heartbeat_from_a_process_that_is_gone_is_ended_at_the_next_look
 
     from mlflow.entities import RunTag
 
-    from registry.run_states import FLOW_PROCESS_TAG, end_orphans, heartbeat
-    from registry.tracking import PARENT_TAG, client_for
+    from registry.runs.run_states import FLOW_PROCESS_TAG, end_orphans, heartbeat
+    from registry.runs.tracking import PARENT_TAG, client_for
 
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.create_experiment("gone", artifact_location=tmp_path.as_uri())
     parent = client.create_run(experiment_id).info.run_id
     trial = client.create_run(experiment_id, tags={PARENT_TAG: parent}).info.run_id
-    code = "from registry.run_states import this_process; print(this_process())"
+    code = "from registry.runs.run_states import this_process; print(this_process())"
     gone = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()  # a process that has exited by now

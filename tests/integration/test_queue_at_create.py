@@ -61,7 +61,7 @@ def test_an_experiment_is_queued_at_create_and_takes_the_next_freed_slot(
     stack, tmp_path: Path
 ) -> None:
     pytest.importorskip("mlflow")
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     deploy(stack)
     pids = tmp_path / "pids"

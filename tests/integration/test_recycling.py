@@ -69,7 +69,7 @@ def _kill_group(pgid: int) -> None:
 
 def _trial_runs(home: Path) -> tuple[list[Any], dict[int, Any]]:
     """All MLflow runs of the experiment, and its trials' runs by trial id."""
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{(home / 'det' / 'mlflow.db').resolve()}")
     experiment = client.get_experiment_by_name("flow-recycling")

@@ -16,11 +16,11 @@ import torch
 from det_tasks import CheckpointError, pytorch
 from det_tasks.pytorch import PyTorchCallback
 from infra import services
-from registry import s3 as s3_lib
-from registry.checkpoints import checkpoint_records
-from registry.mlflow_services import trial_services
-from registry.models import best_checkpoint, register_checkpoint
-from registry.tracking import client_for
+from registry.checkpoints.models import best_checkpoint, register_checkpoint
+from registry.checkpoints.store import checkpoint_records
+from registry.jobs.trial_services import trial_services
+from registry.runs.tracking import client_for
+from registry.servers import s3 as s3_lib
 from tests.fixtures.trials import OneVarTrial
 
 CONFIG = {
@@ -168,8 +168,8 @@ def test_gc_keeps_policy_and_registered_versions(stack, model_dir):
     assert kept[run_ids[0]] == [30]
     s3 = boto3.client("s3", endpoint_url=os.environ["MLFLOW_S3_ENDPOINT_URL"])
     # Deleting again is harmless.
-    from registry.experiment_gc import collect_experiment_garbage
-    from registry.models import parent_run, trial_runs
+    from registry.checkpoints.gc import collect_experiment_garbage
+    from registry.checkpoints.models import parent_run, trial_runs
 
     parent = parent_run(client, name)
     again = collect_experiment_garbage(client, s3, parent, trial_runs(client, parent))
@@ -245,8 +245,8 @@ def test_metrics_sink_closes_once_and_promptly_after_every_point_arrived(stack, 
     wait out the close timeout (it once hung 120 s per sink) nor lose a point."""
     import time
 
-    from registry.metrics import MlflowMetricsSink
-    from registry.tracking import client_for, ensure_experiment
+    from registry.metrics.sink import MlflowMetricsSink
+    from registry.runs.tracking import client_for, ensure_experiment
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     run = client.create_run(ensure_experiment(client, "sink-close"))
@@ -266,8 +266,8 @@ def test_two_ranks_reporting_the_same_steps_to_one_run_both_keep_every_report(st
     """A batch job's ranks log to one MLflow run. A rank's sink skips steps already stored
     (a retried attempt re-reports them), but only its own: rank 1 storing step 2 first must
     not make rank 0 drop its step 2 (CI lost 8 of a job's 34 rows this way)."""
-    from registry.metrics import MlflowMetricsSink
-    from registry.tracking import client_for, ensure_experiment
+    from registry.metrics.sink import MlflowMetricsSink
+    from registry.runs.tracking import client_for, ensure_experiment
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     run = client.create_run(ensure_experiment(client, "sink-two-ranks"))

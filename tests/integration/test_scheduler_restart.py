@@ -72,7 +72,7 @@ class _StateWatch:
 def test_a_scheduler_restart_costs_at_most_the_work_since_the_checkpoint(
     cluster: hosts_lib.Hosts, hosts_reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     name = "hosts-scheduler-restart"
     mlflow = client_for(cluster.env["MLFLOW_TRACKING_URI"])

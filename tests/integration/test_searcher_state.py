@@ -23,8 +23,8 @@ def _state(trials: int) -> dict:
 @pytest.mark.parametrize("trials", [10, 2000])
 def test_the_state_comes_back_whole(tmp_path: Path, trials: int):
     pytest.importorskip("mlflow")
-    from registry.searcher_state import STATE_TAG, load_searcher_state, save_searcher_state
-    from registry.tracking import client_for
+    from registry.runs.searcher_state import STATE_TAG, load_searcher_state, save_searcher_state
+    from registry.runs.tracking import client_for
 
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.create_experiment("state", artifact_location=tmp_path.as_uri())
@@ -41,6 +41,6 @@ def test_the_state_comes_back_whole(tmp_path: Path, trials: int):
 
 
 def test_no_state_is_none():
-    from registry.searcher_state import load_searcher_state
+    from registry.runs.searcher_state import load_searcher_state
 
     assert load_searcher_state({"other": "x"}) is None

@@ -15,8 +15,8 @@ from tests.integration.helpers import FLOW_MODEL, run_xor_trial
 
 
 def test_planted_secrets_appear_nowhere(stack: StackConfig, tmp_path: Path) -> None:
-    from registry import s3 as s3_lib
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
+    from registry.servers import s3 as s3_lib
 
     planted = {
         "DATABASE_URL": "postgresql://det:planted-db-password-7f3a@db/mlflow",

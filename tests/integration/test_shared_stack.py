@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.models import trial_runs
-from registry.tracking import client_for
+from registry.checkpoints.models import trial_runs
+from registry.runs.tracking import client_for
 from tests.integration.helpers import flow_experiment
 
 

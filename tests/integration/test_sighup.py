@@ -68,7 +68,7 @@ def test_sighup_pauses_the_flow_with_a_checkpoint_and_activate_continues_bit_equ
 ) -> None:
     pytest.importorskip("mlflow")
     from det_tasks import pytorch
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     pid_file = tmp_path / "pids"
     proc = _experiment(tmp_path, f"data.pid_file={pid_file}")

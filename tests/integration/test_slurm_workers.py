@@ -16,8 +16,8 @@ import pytest
 
 from infra import hosts as hosts_lib
 from infra import netns, slurm, stack
-from registry.run_nodes import nodes_of
-from registry.tracking import EXPERIMENT_RUN_TAG, client_for
+from registry.runs.run_nodes import nodes_of
+from registry.runs.tracking import EXPERIMENT_RUN_TAG, client_for
 from tests.integration.helpers import FLOW_MODEL, isolated_stack_config, wait_for
 from tests.integration.hosts_helpers import (
     FLOW_FROM_PACKAGE,
@@ -106,7 +106,7 @@ def test_an_asha_search_gets_worker_jobs_on_demand_and_gives_them_back_when_idle
     """asha.yaml, 4 trials, 2 at a time: from no job, a worker job per running trial (2,
     one per node); rungs at 16, 32 and 64 batches stop 4 -> 2 -> 1, each trial on a compute
     node; once the search ends and its workers sit idle, every job is given back."""
-    from registry.models import trial_runs
+    from registry.checkpoints.models import trial_runs
 
     cluster, site = slurm_cluster
     assert _jobs(site) == []
@@ -258,7 +258,7 @@ def _assert_resumed_from_where_it_stood(
     """The flow ends; its trial gave way once, with exactly one checkpoint off the every-30
     grid (where it stood when signalled), and ended bit-equal to the undisturbed run, each
     metric and checkpoint recorded once. Returns the finished trial run."""
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     summary, err = finished_flow(flow, timeout_s=600)
     assert "preempted at batch" in err, err[-3000:]

@@ -24,8 +24,8 @@ import torch
 from det_tasks.runner.cli import main as det_tasks
 from infra.services import start, stop
 from infra.stack import deploy, prefect_worker_service
-from registry.experiment_view import describe_experiment_run
-from registry.tracking import client_for
+from registry.experiments.view import describe_experiment_run
+from registry.runs.tracking import client_for
 from tests.integration.helpers import env_without_platform
 
 SUBMIT_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "submit_model"
@@ -382,7 +382,7 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     from det_cli import main as det
     from det_cli.ids import experiment_run
     from det_tasks.pytorch import load_trial_from_checkpoint_path
-    from registry.checkpoints import checkpoint_records
+    from registry.checkpoints.store import checkpoint_records
 
     workdir = tmp_path / "xor"
     shutil.copytree(FLOW_MODEL, workdir)

@@ -16,10 +16,10 @@ import pytest
 
 from det_tasks import pytorch
 from det_tasks.runner.cli import main
-from registry import s3 as s3_lib
-from registry.checkpoints import checkpoint_records
-from registry.mlflow_services import trial_services
-from registry.tracking import client_for
+from registry.checkpoints.store import checkpoint_records
+from registry.jobs.trial_services import trial_services
+from registry.runs.tracking import client_for
+from registry.servers import s3 as s3_lib
 from tests.fixtures.trials import OneVarTrial
 from tests.integration.test_registry import CONFIG
 

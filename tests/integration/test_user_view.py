@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.trials_view import saved_view_state
+from registry.runs.trials_view import saved_view_state
 from tests.integration.helpers import FLOW_MODEL, run_xor_trial
 from tests.integration.prefect_artifacts import trials_table_and_progress
 
@@ -88,7 +88,7 @@ def publish_trials_table(name: str, trials: dict) -> tuple[object, dict | None]:
     from prefect.runtime import flow_run
 
     from flows.trial_table import TrialTable
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
 
@@ -113,9 +113,9 @@ def publish_trials_table(name: str, trials: dict) -> tuple[object, dict | None]:
 def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(stack, tmp_path):
     """Two trials of one experiment run (as the flow runs them: `det-tasks run` with
     --experiment-run), then the registry's end of the experiment run, as the flow calls it."""
-    from registry.mlflow_services import finish_experiment
-    from registry.s3 import client as s3_client
-    from registry.tracking import ExperimentRuns, client_for
+    from registry.jobs.trial_services import finish_experiment
+    from registry.runs.tracking import ExperimentRuns, client_for
+    from registry.servers.s3 import client as s3_client
 
     name = f"ux-{uuid.uuid4().hex[:6]}"
     key = uuid.uuid4().hex
@@ -219,7 +219,7 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
 
     # `det-tasks experiment describe` and the flow's trials table name the same winner.
     from flows.trial_table import significant
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiments.view import describe_experiment_run
 
     view = describe_experiment_run(client, key)
     assert view is not None and view.best is not None
@@ -290,7 +290,7 @@ def test_experiment_run_shows_winner_system_metrics_plots_and_sorted_listing(sta
 def test_failures_before_training_leave_no_runs(stack, tmp_path):
     from mlflow.entities import ViewType
 
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     model = tmp_path / "model"

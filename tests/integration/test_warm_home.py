@@ -77,7 +77,7 @@ def _ctrl_c_midway(tmp_path: Path) -> tuple[int, str, float]:
 
 def test_later_runs_use_the_warm_services_and_stop_leaves_nothing(tmp_path: Path) -> None:
     pytest.importorskip("mlflow")
-    from registry.tracking import client_for
+    from registry.runs.tracking import client_for
 
     started = _run(tmp_path, "infra.warm_home", "start")
     try:

@@ -29,9 +29,9 @@ from det_tasks import pytorch
 from det_tasks.runner.held import TrialSpec
 from infra import dask_cluster
 from infra.services import Service, start, stop
-from registry.checkpoints import checkpoint_records
-from registry.models import trial_runs
-from registry.tracking import client_for
+from registry.checkpoints.models import trial_runs
+from registry.checkpoints.store import checkpoint_records
+from registry.runs.tracking import client_for
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 # Short and ASCII (Prefect's graph font has no "→"): "train trial-3 0-16", "validate trial-3 @16".
@@ -135,7 +135,7 @@ def test_trials_are_linked_chains_of_named_tasks_on_warm_workers(stack, tmp_path
     assert {r["batches"] for r in rows} == {16, 32, 64}
     # What happened to each trial, in the same word in the table, in MLflow and in describe:
     # trained to max_length (64) COMPLETED, the rest STOPPED by ASHA; both runs FINISHED.
-    from registry.experiment_view import describe_experiment_run
+    from registry.experiments.view import describe_experiment_run
 
     expected = {str(r["trial"]): "COMPLETED" if r["batches"] == 64 else "STOPPED" for r in rows}
     assert {str(r["trial"]): r["state"] for r in rows} == expected

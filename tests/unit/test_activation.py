@@ -1,8 +1,8 @@
-"""Only an experiment run that stopped short may be activated (registry.activation), asked
-of a real MLflow store (SQLite): PAUSED and ORPHANED ones continue; a completed, cancelled
-or failed one, a running one and an unknown key are refused in one line. (Before,
-``--activate NOSUCHKEY`` started a new experiment and ``--activate`` of a completed one
-"continued" it with 0 trials, both exit 0.)"""
+"""Only an experiment run that stopped short may be activated
+(registry.experiments.activation), asked of a real MLflow store (SQLite): PAUSED and
+ORPHANED ones continue; a completed, cancelled or failed one, a running one and an unknown
+key are refused in one line. (Before, ``--activate NOSUCHKEY`` started a new experiment and
+``--activate`` of a completed one "continued" it with 0 trials, both exit 0.)"""
 
 from __future__ import annotations
 
@@ -19,8 +19,12 @@ import psutil
 import pytest
 
 from det_tasks.errors import DetTasksError
-from registry.activation import check_activatable, check_activation, experiment_run_state
-from registry.run_states import (
+from registry.experiments.activation import (
+    check_activatable,
+    check_activation,
+    experiment_run_state,
+)
+from registry.runs.run_states import (
     FLOW_PROCESS_TAG,
     ORPHAN_AFTER_S,
     end_orphans,
@@ -28,7 +32,7 @@ from registry.run_states import (
     heartbeat,
     this_process,
 )
-from registry.tracking import ExperimentRuns
+from registry.runs.tracking import ExperimentRuns
 
 NAME = "activation"
 

@@ -15,10 +15,10 @@ import pytest
 
 from cluster.step_errors import crossing_error
 from det_tasks.errors import StepFailed
-from registry import tensorboard_upload
-from registry.settings import RegistrySettings
-from registry.system_metrics import start_system_metrics
-from registry.tracking import client_for
+from registry.metrics import tensorboard_upload
+from registry.metrics.system_metrics import start_system_metrics
+from registry.runs.tracking import client_for
+from registry.servers.settings import RegistrySettings
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"
 
@@ -138,9 +138,9 @@ def test_system_metrics_samples_that_cannot_be_logged_warn_once(
         raise _unpicklable_error(tmp_path)
 
     monitor.publish_metrics = refuse
-    with caplog.at_level(logging.WARNING, logger="registry.system_metrics"):
+    with caplog.at_level(logging.WARNING, logger="registry.metrics.system_metrics"):
         assert [monitor.sample() for _ in range(3)] == [False, False, False]
         sampler.finish()  # its last sample fails too, and says nothing more
     assert sampler.failures == 4
-    warnings = [r for r in caplog.records if r.name == "registry.system_metrics"]
+    warnings = [r for r in caplog.records if r.name == "registry.metrics.system_metrics"]
     assert len(warnings) == 1 and run_id in warnings[0].getMessage()

@@ -17,7 +17,7 @@ from det_tasks import CheckpointError, pytorch
 from det_tasks.checkpoints import format as checkpoint_format
 from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import PyTorchCallback
-from det_tasks.pytorch._checkpointing import snapshot
+from det_tasks.pytorch._loop.checkpointing import snapshot
 from det_tasks.sinks import InMemoryMetricsSink
 from tests.fixtures.trials import OneVarTrial
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from registry import checkpoints
-from registry.checkpoints import S3CheckpointStore, checkpoint_records
-from registry.metrics import MlflowMetricsSink
-from registry.s3 import S3Location
+from registry.checkpoints import store as checkpoints
+from registry.checkpoints.store import S3CheckpointStore, checkpoint_records
+from registry.metrics.sink import MlflowMetricsSink
+from registry.servers.s3 import S3Location
 from tests.unit.test_run_lease import FakeRun
 
 

@@ -1,4 +1,4 @@
-"""A checkpoint's record comes back whole at any size (registry.large_tags): with a few
+"""A checkpoint's record comes back whole at any size (registry.runs.large_tags): with a few
 hundred validation metrics its JSON outgrows MLflow's 8,000-character tag, which cut it,
 and every reader (GC, resume, the best checkpoint) then failed to parse it."""
 
@@ -8,7 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from registry.checkpoints import checkpoint_records, forget_checkpoint_record, record_checkpoint
+from registry.checkpoints.store import (
+    checkpoint_records,
+    forget_checkpoint_record,
+    record_checkpoint,
+)
 
 
 def test_a_record_with_400_metrics_comes_back_whole_and_is_forgotten(

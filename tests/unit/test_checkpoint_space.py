@@ -23,7 +23,7 @@ from det_tasks.checkpoints.disk_full import (
 )
 from det_tasks.errors import CheckpointError, TrialStopped
 from det_tasks.runner.held import TrialSpec
-from registry.local_files import FileLocation
+from registry.servers.local_files import FileLocation
 from tests.unit.test_disk_full import small_filesystem
 
 FLOW_MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "flow_model"

@@ -14,24 +14,24 @@ from typing import Any
 import pytest
 import torch
 
-from det_tasks.pytorch._restore import load_model_weights
-from registry.activation import (
+from det_tasks.pytorch._loop.restore import load_model_weights
+from registry.experiments.activation import (
     ACTIVATION_ERROR_TAG,
     activation_progressed,
     back_to_paused,
     before_activation,
 )
-from registry.code_snapshot import (
+from registry.experiments.code import adopt_code, code_for_start, code_verdict
+from registry.experiments.code_snapshot import (
     CODE_HISTORY_TAG,
     CODE_VERSION_TAG,
     SNAPSHOT_TAG,
     changed_files,
+    code_version,
     open_snapshot,
     take_snapshot,
 )
-from registry.experiment_code import adopt_code, code_for_start, code_verdict
-from registry.mlflow_services import code_version
-from registry.tracking import ERROR_TAG, STATE_TAG, ExperimentRuns
+from registry.runs.tracking import ERROR_TAG, STATE_TAG, ExperimentRuns
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_the_opt_in_is_refused_without_an_experiment_to_resume():
 def test_a_submitted_package_is_the_experiments_snapshot(home, tmp_path, mlflow_store):
     """det experiment create's package: recorded once; resuming with it changes nothing and
     a failed activation says the code did not change."""
-    from registry.experiment_code import package_code
+    from registry.experiments.code import package_code
 
     client, _ = mlflow_store
     model = _model(tmp_path / "unpacked")

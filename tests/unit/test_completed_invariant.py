@@ -1,6 +1,6 @@
 """No trial run is ever recorded COMPLETED before its searcher length is reached (or the
 trial stopped itself early): ``ExperimentRuns.finish``, which every ending of a trial run
-goes through, checks it (registry.trial_states.honest_end).
+goes through, checks it (registry.runs.trial_states.honest_end).
 
 Found before: a Dask scheduler restarted mid-experiment closed every worker, each worker's
 plugin released its held trial as if it had finished, and two trials at batches 400 and 500
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from det_tasks.runner.held import HeldTrial, TrialSpec
-from registry.tracking import END_REASON_TAG, ExperimentRuns
-from registry.trial_states import (
+from registry.runs.tracking import END_REASON_TAG, ExperimentRuns
+from registry.runs.trial_states import (
     COMPLETED,
     PAUSED,
     PRUNED,
@@ -189,7 +189,7 @@ def test_a_lone_trial_ends_its_experiment_run_as_it_ended(
 ) -> None:
     """``det-tasks run`` owns its experiment run: the parent says what its one trial says."""
     from det_tasks.errors import TrialStopped
-    from registry.mlflow_services import trial_services
+    from registry.jobs.trial_services import trial_services
 
     client, model = platform
     name = f"lone-{ending}"

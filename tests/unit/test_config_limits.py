@@ -16,7 +16,7 @@ from det_tasks.config.loader import MAX_EXPANDED_NODES, parse_yaml_text
 from det_tasks.config.storage_paths import check_checkpoint_storage
 from det_tasks.errors import ConfigError
 from det_tasks.runner.cli import main
-from det_tasks.searcher import make_searcher
+from det_tasks.searchers.choose import make_searcher
 
 TRIAL = textwrap.dedent(
     """

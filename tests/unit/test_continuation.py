@@ -1,7 +1,8 @@
-"""Which experiment runs ``det experiment continue`` takes (registry.continuation), asked of
-a real MLflow store (SQLite), and how a ``--config-file`` becomes overrides: Determined's
-rules (terminal states, single searcher, the override keeps it single) plus ours (a length
-below what was trained is refused; the same length on a COMPLETED trial does nothing)."""
+"""Which experiment runs ``det experiment continue`` takes (registry.experiments.continuation),
+asked of a real MLflow store (SQLite), and how a ``--config-file`` becomes overrides:
+Determined's rules (terminal states, single searcher, the override keeps it single) plus
+ours (a length below what was trained is refused; the same length on a COMPLETED trial does
+nothing)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from det_cli.continue_verb import file_overrides
 from det_tasks.config.loader import apply_overrides
 from det_tasks.errors import DetTasksError
 from det_tasks.runner.trial_setup import load_raw_config
-from registry.continuation import NothingToContinue, apply_continuation, plan_continuation
-from registry.run_states import end_running_runs
-from registry.searcher_state import load_searcher_state, save_searcher_state
-from registry.tracking import ExperimentRuns, client_for
+from registry.experiments.continuation import (
+    NothingToContinue,
+    apply_continuation,
+    plan_continuation,
+)
+from registry.runs.run_states import end_running_runs
+from registry.runs.searcher_state import load_searcher_state, save_searcher_state
+from registry.runs.tracking import ExperimentRuns, client_for
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "tests" / "fixtures" / "flow_model" / "killable.yaml"
@@ -26,7 +31,7 @@ KEY = "0f8c2d1e-0000-4000-8000-00000000000a"
 
 def _ended_single(tmp_path: Path, state: str, status: str, checkpoint_at: int | None) -> Any:
     """A single-trial experiment run ended ``state``; its trial checkpointed at one batch."""
-    from registry.checkpoints import record_checkpoint
+    from registry.checkpoints.store import record_checkpoint
 
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     raw, _ = load_raw_config(CONFIG, [])
@@ -83,7 +88,7 @@ def test_a_running_experiment_and_a_changed_searcher_are_refused(tmp_path):
     client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
     raw, _ = load_raw_config(CONFIG, [])
     runs = ExperimentRuns(client, "flow-killable", KEY, raw)
-    from registry.run_states import heartbeat
+    from registry.runs.run_states import heartbeat
 
     heartbeat(client, runs.parent_run_id)
     with pytest.raises(DetTasksError, match="already active"):

@@ -183,7 +183,7 @@ def test_in_a_launched_trial_the_trials_context_is_used_and_the_config_ignored(t
 
 def test_without_the_platform_env_the_registry_factory_says_what_to_set(monkeypatch):
     pytest.importorskip("mlflow")
-    from registry.unmanaged_runs import unmanaged_services
+    from registry.jobs.unmanaged_runs import unmanaged_services
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     opened = unmanaged_services({"name": "n"}, {}, script=None)

@@ -16,8 +16,8 @@ import pytest
 
 from flows import lifecycle
 from flows.prefect_rest import FlowRun
-from registry.run_states import heartbeat
-from registry.tracking import STATE_TAG, ExperimentRuns, client_for
+from registry.runs.run_states import heartbeat
+from registry.runs.tracking import STATE_TAG, ExperimentRuns, client_for
 
 
 def _flow_run(key: str, state: str, since_s: float) -> FlowRun:

@@ -15,7 +15,7 @@ import pytest
 from cluster.held_trials import StepRequest
 from cluster.worker_deaths import explain_death
 from det_tasks.runner.held import TrialSpec
-from registry.tracking import PARENT_TAG, TRIAL_TAG
+from registry.runs.tracking import PARENT_TAG, TRIAL_TAG
 
 
 def _request(experiment_id: str, parent: str, start: int = 0) -> StepRequest:

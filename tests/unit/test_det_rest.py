@@ -1,10 +1,10 @@
 """`det`'s listings read Prefect and MLflow over their REST APIs with the standard library
-(flows.prefect_rest, registry.mlflow_rest) and the light run records (registry.run_records),
-so they answer without importing MLflow, Prefect, Dask or torch. Here against a small HTTP
-server that answers as Prefect 3.8 and MLflow 3.17 do (their JSON shapes), holding the
-issue's killed experiment: describe, list-trials, list-checkpoints and trial describe show
-the numbers MLflow holds, in Determined's spelling, in batch order. The light copies of
-what the writers' modules define are pinned to them."""
+(flows.prefect_rest, registry.runs.mlflow_rest) and the light run records
+(registry.runs.run_records), so they answer without importing MLflow, Prefect, Dask or
+torch. Here against a small HTTP server that answers as Prefect 3.8 and MLflow 3.17 do
+(their JSON shapes), holding the issue's killed experiment: describe, list-trials, list-
+checkpoints and trial describe show the numbers MLflow holds, in Determined's spelling, in
+batch order. The light copies of what the writers' modules define are pinned to them."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ import pytest
 
 from det_tasks.errors import DetTasksError
 from flows import prefect_rest
-from registry import json_http, run_records
-from registry.mlflow_rest import MlflowReader, MlflowReaderError, reader_for
+from registry.runs import run_records
+from registry.runs.mlflow_rest import MlflowReader, MlflowReaderError, reader_for
+from registry.servers import json_http
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOW_RUN = uuid.UUID("1a2b3c4d-0000-4000-8000-000000000001")
@@ -64,7 +65,7 @@ PARENT = {
                 "det.searcher.metric": "validation_loss",
                 "det.searcher.smaller_is_better": "True",
                 "det.state": "CANCELED",
-                "det.best.validation_loss": "0.0173",  # the flow keeps it (registry.summary)
+                "det.best.validation_loss": "0.0173",  # kept by registry.experiments.summary
             }
         )
     },
@@ -329,7 +330,7 @@ def test_mlflow_reader_reads_as_mlflows_client_does(servers):
 
 
 def test_reader_for_keeps_mlflows_client_where_only_it_knows_how(monkeypatch):
-    from registry import tracking
+    from registry.runs import tracking
 
     monkeypatch.setattr(tracking, "client_for", lambda uri: f"MlflowClient({uri})")
     monkeypatch.delenv("MLFLOW_TRACKING_AUTH", raising=False)
@@ -341,9 +342,10 @@ def test_reader_for_keeps_mlflows_client_where_only_it_knows_how(monkeypatch):
 
 
 def test_the_light_copies_agree_with_the_writers_modules():
-    """registry.run_records repeats what heavy modules define (importing those costs a
+    """registry.runs.run_records repeats what heavy modules define (importing those costs a
     command seconds); they must not drift apart."""
-    from registry import checkpoints, large_tags, run_states, tracking
+    from registry.checkpoints import store as checkpoints
+    from registry.runs import large_tags, run_states, tracking
 
     assert run_records.TRIAL_TAG == tracking.TRIAL_TAG
     assert run_records.EXPERIMENT_RUN_TAG == tracking.EXPERIMENT_RUN_TAG
@@ -370,7 +372,7 @@ def test_orphaned_is_the_rule_end_orphans_applies():
     import socket
     import types
 
-    from registry.run_states import flow_gone
+    from registry.runs.run_states import flow_gone
 
     def parent(beat: float, process: str) -> Any:
         tags = {"det.heartbeat": f"{beat:.0f}", "det.flow_process": process}
@@ -386,7 +388,7 @@ def test_orphaned_is_the_rule_end_orphans_applies():
 
 
 def run_states_process() -> str:
-    from registry.run_states import this_process
+    from registry.runs.run_states import this_process
 
     return this_process()
 
@@ -435,11 +437,12 @@ def test_prefect_rest_retries_what_prefects_client_retries(monkeypatch):
 
 def test_list_ends_orphans_through_mlflows_client_only_when_there_are_some(monkeypatch):
     """`det experiment list` finds runs whose flow is gone through the REST reader (the rule
-    of registry.run_states.end_orphans) and loads MLflow's client only to end them."""
+    of registry.runs.run_states.end_orphans) and loads MLflow's client only to end them."""
     import time
     import types
 
-    from registry import cli, run_states
+    from registry import cli
+    from registry.runs import run_states
 
     def parent(experiment_id: str, beat: float) -> Any:
         tags = {"det.heartbeat": f"{beat:.0f}", "det.flow_process": "elsewhere 1 1.00"}

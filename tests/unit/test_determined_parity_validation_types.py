@@ -19,7 +19,7 @@ import torch
 
 from det_tasks import pytorch
 from det_tasks.checkpoints.store import LocalDirectoryStore
-from det_tasks.pytorch._reducer import reduce_batch_metrics
+from det_tasks.pytorch._api.reducer import reduce_batch_metrics
 from tests.fixtures.trials import OneVarTrial
 
 HPARAMS = {"learning_rate": 0.1, "global_batch_size": 4}  # 16 validation records: 4 batches

@@ -199,7 +199,7 @@ def test_validation_averages_keep_the_metrics_dtype_as_determined():
     float32, as Determined's numpy reduction does. Were it float64 again, the README would
     need its row back."""
     from det_tasks.pytorch import Reducer
-    from det_tasks.pytorch._reducer import reduce_batch_metrics
+    from det_tasks.pytorch._api.reducer import reduce_batch_metrics
 
     batches = [{"loss": np.float32(0.1)}, {"loss": np.float32(0.2)}, {"loss": np.float32(0.4)}]
     reduced = reduce_batch_metrics(Reducer.AVG, [batches])["loss"]

@@ -1,6 +1,6 @@
 """``det experiment list`` asks MLflow a fixed number of questions per page, not a few per
 experiment and one per trial (issue 53): the experiments, the parent runs, the trial runs
-(registry.experiment_view.summarize_experiment_runs), against a reader that pages as
+(registry.experiments.view.summarize_experiment_runs), against a reader that pages as
 MLflow's REST API does."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from registry.experiment_view import summarize_experiment_runs
+from registry.experiments.view import summarize_experiment_runs
 
 
 def _run(run_id: str, experiment: str, **tags: str) -> Any:

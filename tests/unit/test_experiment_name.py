@@ -96,7 +96,7 @@ def test_create_sends_the_decided_name_to_the_flow(tmp_path, monkeypatch, capsys
 def test_list_shows_the_configs_name_before_the_flow_starts(monkeypatch, capsys):
     """The issue's `det experiment list`: `long.yaml` until the flow started."""
     import registry.cli
-    import registry.experiment_view
+    import registry.experiments.view
 
     text = FIXTURE.read_text(encoding="utf-8").replace("submit-xor", "long-run")
     pending = FlowRun(
@@ -111,7 +111,7 @@ def test_list_shows_the_configs_name_before_the_flow_starts(monkeypatch, capsys)
     monkeypatch.setattr(submission, "experiment_runs", lambda limit: [pending])
     monkeypatch.setattr(registry.cli, "tracking_reader_from_env", lambda: None)
     monkeypatch.setattr(registry.cli, "end_orphans_seen", lambda client: [])
-    monkeypatch.setattr(registry.experiment_view, "summarize_experiment_runs", lambda c, k: {})
+    monkeypatch.setattr(registry.experiments.view, "summarize_experiment_runs", lambda c, k: {})
     assert submission.cmd_experiment_list(argparse.Namespace(limit=20)) == 0
     (row,) = capsys.readouterr().out.strip().splitlines()[2:]
     assert row.split()[1] == "long-run", row

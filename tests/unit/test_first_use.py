@@ -1,5 +1,5 @@
-"""registry.shared_database: a shared database is created by exactly one of several processes
-started together, and a creator that dies holding the lock blocks nobody."""
+"""registry.servers.shared_database: a shared database is created by exactly one of several
+processes started together, and a creator that dies holding the lock blocks nobody."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from registry.shared_database import create_once
+from registry.servers.shared_database import create_once
 
 # Each creator is a fresh interpreter, as two `python -m flows.experiment` started together
 # are (a child forked from pytest inherits whatever threads and locks earlier tests left).
 _CREATOR = """
 import os, sys, time
 from pathlib import Path
-from registry.shared_database import create_once
+from registry.servers.shared_database import create_once
 
 database, log = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -56,7 +56,7 @@ def test_a_later_call_does_not_create_again(tmp_path: Path):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from registry.shared_database import exclusive
+from registry.servers.shared_database import exclusive
 
 with exclusive(Path(sys.argv[1])):
     print("held", flush=True)

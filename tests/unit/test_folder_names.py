@@ -12,7 +12,7 @@ import pytest
 
 from det_tasks.errors import ConfigError
 from det_tasks.folder_names import MAX_FOLDER_NAME_BYTES, folder_name, folder_under
-from registry.tracking import ensure_experiment, experiment_artifact_location
+from registry.runs.tracking import ensure_experiment, experiment_artifact_location
 
 NAMES = [
     "../../../escaped-exp",
@@ -113,7 +113,7 @@ def test_a_safe_job_id_is_kept(monkeypatch):
 
 
 def test_a_job_id_with_a_nul_is_refused_where_the_job_folder_is_named():
-    from registry.batch_jobs import job_output_uri
+    from registry.jobs.batch_jobs import job_output_uri
 
     with pytest.raises(ConfigError, match=r"^the job id=.* is not a usable id") as caught:
         job_output_uri("nul\0")

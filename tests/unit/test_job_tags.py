@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from mlflow.exceptions import MlflowException
 
-from registry.batch_jobs import MlflowJobServices
+from registry.jobs.batch_jobs import MlflowJobServices
 
 
 class RacingClient:

@@ -1,4 +1,4 @@
-"""A tag that holds text of any size (registry.large_tags), through a real MLflow store
+"""A tag that holds text of any size (registry.runs.large_tags), through a real MLflow store
 (SQLite): what fits stays one plain tag, longer text comes back whole from compressed
 chunks, and every tag MLflow stores stays within its 8,000-character limit."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from registry.large_tags import (
+from registry.runs.large_tags import (
     MAX_CHUNKS,
     TAG_LIMIT,
     LargeTagError,
@@ -21,7 +21,7 @@ from registry.large_tags import (
     load_large_tags,
     save_large_tag,
 )
-from registry.tracking import CONFIG_TAG, ExperimentRuns, experiment_config
+from registry.runs.tracking import CONFIG_TAG, ExperimentRuns, experiment_config
 
 MLFLOW_TAG_LIMIT = 8_000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH
 

@@ -136,7 +136,7 @@ def test_model_describe_one_and_a_missing_one(registry):
 
 
 def test_a_registry_elsewhere_keeps_mlflows_client(monkeypatch):
-    from registry.mlflow_rest import MlflowReader, reader_for
+    from registry.runs.mlflow_rest import MlflowReader, reader_for
 
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     assert isinstance(reader_for("http://mlflow:5000"), MlflowReader)
@@ -211,9 +211,9 @@ def test_create_starts_its_flow_run_as_run_deployment_does(servers, monkeypatch)
 
 
 def test_create_makes_the_mlflow_experiment_over_rest(servers, monkeypatch):
-    from registry.experiment_setup import EXPERIMENT_KIND, ensure_experiment
-    from registry.mlflow_rest import MlflowRestClient, writer_for
-    from registry.trials_view import TRIALS_VIEW_TAG
+    from registry.runs.experiment_setup import EXPERIMENT_KIND, ensure_experiment
+    from registry.runs.mlflow_rest import MlflowRestClient, writer_for
+    from registry.runs.trials_view import TRIALS_VIEW_TAG
 
     monkeypatch.setenv("DET_TASKS_ARTIFACT_ROOT", "s3://bucket/runs")
     for name in ("MLFLOW_REGISTRY_URI", "MLFLOW_TRACKING_AUTH", "MLFLOW_WORKSPACE"):

@@ -42,7 +42,7 @@ def test_importing_the_flow_loads_no_torch_mlflow_or_dask_until_it_runs():
         "print(json.dumps([at_import, sorted(tops & set(heavy))]))"
     )
     later = _function_imports()
-    assert "registry.tracking" in later and "cluster.startup" in later
+    assert "registry.runs.tracking" in later and "cluster.startup" in later
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", code, json.dumps(HEAVY), json.dumps(later)],

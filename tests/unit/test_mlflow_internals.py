@@ -1,9 +1,9 @@
-"""MLflow's private metric-name check, used in one place (registry.mlflow_internals): these
+"""MLflow's private metric-name check, used in one place (registry.servers.mlflow_internals): these
 known answers fail when MLflow renames it or changes what it refuses."""
 
 from __future__ import annotations
 
-from registry.mlflow_internals import metric_name_problem
+from registry.servers.mlflow_internals import metric_name_problem
 
 
 def test_mlflow_takes_determineds_usual_names() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from registry.metrics import MlflowMetricsSink
+from registry.metrics.sink import MlflowMetricsSink
 
 
 class FakeClient:
@@ -122,7 +122,7 @@ def _spilling_sink(
 def test_a_backlog_past_the_memory_bound_spills_in_order_and_every_point_is_stored_once(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 20)  # 2 reports a chunk
+    monkeypatch.setattr("registry.metrics.report_backlog.CHUNK_POINTS", 20)  # 2 reports a chunk
     spill = tmp_path / "spill"
     client = FlakyClient(failures=2, spill_dir=spill)
     sink = _spilling_sink(client, spill, memory_limit=50, flush_interval_s=0.01)
@@ -190,7 +190,7 @@ def test_what_a_caller_reuses_mlflow_refuses_or_cannot_hold_does_not_cost_other_
 def test_a_spilled_chunk_that_cannot_be_read_back_is_reported_and_the_rest_still_arrives(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("registry.report_backlog.CHUNK_POINTS", 2)
+    monkeypatch.setattr("registry.metrics.report_backlog.CHUNK_POINTS", 2)
     spill = tmp_path / "spill"
     client = FlakyClient(failures=0, spill_dir=spill)
     # flush_interval_s: everything lands in one pass, spilled before any send.

@@ -119,7 +119,7 @@ def test_skip_with_aggregation_keeps_the_other_batch(tmp_path):
 def test_bad_policy_and_skip_with_workers_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="nonfinite_loss = 'sometimes' is invalid"):
         fit(tmp_path, OneVarTrial, "sometimes")
-    from det_tasks.pytorch._nonfinite import NonFiniteGuard
+    from det_tasks.pytorch._api.nonfinite import NonFiniteGuard
 
     with pytest.raises(ConfigError, match="not supported with 2 workers"):
         NonFiniteGuard("skip", torch.device("cpu"), 2)

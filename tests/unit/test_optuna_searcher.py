@@ -13,7 +13,8 @@ import pytest
 
 from det_tasks.config.loader import parse_config
 from det_tasks.errors import ConfigError
-from det_tasks.searcher import Searcher, Work, make_searcher
+from det_tasks.searchers.base import Searcher, Work
+from det_tasks.searchers.choose import make_searcher
 
 pytest.importorskip("optuna")
 
@@ -236,7 +237,7 @@ def test_optuna_fields_belong_to_the_optuna_searcher() -> None:
 def test_missing_optuna_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in an interpreter where optuna is not installed: importing it fails."""
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` -> ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "searchers.optuna_search", raising=False)
-    monkeypatch.delitem(sys.modules, "searchers.optuna_space", raising=False)
+    monkeypatch.delitem(sys.modules, "det_tasks.searchers.optuna.search", raising=False)
+    monkeypatch.delitem(sys.modules, "det_tasks.searchers.optuna.space", raising=False)
     text = _one_line_error(_config())
     assert "searcher.name 'optuna'" in text and "pip install 'det-tasks[optuna]'" in text

@@ -93,7 +93,7 @@ def test_checkpoint_load_context_does_no_training_side_wrapping(tmp_path):
 
 
 def _controller(tmp_path, experiment_best):
-    from det_tasks.pytorch._loop import FitOptions, TrialController
+    from det_tasks.pytorch._loop.loop import FitOptions, TrialController
     from det_tasks.sinks import InMemoryMetricsSink
 
     ctx = pytorch.init(

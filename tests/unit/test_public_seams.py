@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("det_tasks", "registry", "cluster", "searchers", "flows", "det_cli", "infra", "bench")
+PACKAGES = ("det_tasks", "registry", "cluster", "flows", "det_cli", "infra", "bench")
 
 
 def _module_of(path: Path, root: Path) -> str:

@@ -55,7 +55,7 @@ def test_det_and_the_flow_show_no_prefect_telemetry_notice(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("det_tasks", "registry", "cluster", "searchers", "flows", "det_cli", "infra")
+PACKAGES = ("det_tasks", "registry", "cluster", "flows", "det_cli", "infra")
 
 
 @pytest.mark.slow  # a venv, pip's upgrade and a build from the package index: about a minute

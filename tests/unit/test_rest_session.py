@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from registry.metrics import MlflowMetricsSink
-from registry.rest_session import RestSession
+from registry.metrics.sink import MlflowMetricsSink
+from registry.servers.rest_session import RestSession
 
 
 class Endpoint:

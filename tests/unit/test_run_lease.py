@@ -1,4 +1,4 @@
-"""Fencing a trial run (registry.run_lease) against a fake MLflow client: the newest
+"""Fencing a trial run (registry.runs.run_lease) against a fake MLflow client: the newest
 opener holds the run; an older one, back from a partition, sends only the metric points up
 to the newest checkpoint recorded when it learned it, records no checkpoint (and removes
 its copy's files), and cannot take the run back by a stale tag."""
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from registry import checkpoints
-from registry.checkpoints import CHECKPOINT_TAG, S3CheckpointStore, checkpoint_records
-from registry.metrics import MlflowMetricsSink
-from registry.run_lease import HOLDER_TAG, RunLease
-from registry.s3 import S3Location
+from registry.checkpoints import store as checkpoints
+from registry.checkpoints.store import CHECKPOINT_TAG, S3CheckpointStore, checkpoint_records
+from registry.metrics.sink import MlflowMetricsSink
+from registry.runs.run_lease import HOLDER_TAG, RunLease
+from registry.servers.s3 import S3Location
 
 
 class FakeRun:

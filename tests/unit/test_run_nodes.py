@@ -1,4 +1,4 @@
-"""registry.run_nodes: the hosts a trial ran on, kept on its run and shown by ``det
+"""registry.runs.run_nodes: the hosts a trial ran on, kept on its run and shown by ``det
 experiment describe``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from registry.run_nodes import MAX_NODES, NODES_TAG, nodes_of, record_node
+from registry.runs.run_nodes import MAX_NODES, NODES_TAG, nodes_of, record_node
 
 
 class _Client:
@@ -46,7 +46,7 @@ def test_only_the_newest_hosts_are_kept() -> None:
 
 def test_describe_names_the_nodes_each_trial_ran_on(capsys: pytest.CaptureFixture[str]) -> None:
     from det_cli.submission import print_trials
-    from registry.experiment_view import TrialProgress, TrialView
+    from registry.experiments.view import TrialProgress, TrialView
 
     progress = TrialProgress(
         batches=120, best=0.5, best_step=120, latest=0.5, latest_step=120, checkpoint="c"

@@ -1,4 +1,4 @@
-"""A run's MLflow status and its det.state never disagree (registry.trial_states): a trial
+"""A run's MLflow status and its det.state never disagree (registry.runs.trial_states): a trial
 released because its experiment failed ends FAILED with ERROR, as the parent does; before,
 it was released without a state and ended FINISHED COMPLETED under the FAILED parent,
 however far it had trained."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from registry.tracking import ExperimentRuns
-from registry.trial_states import END_STATES, Progress, run_status, trial_state
+from registry.runs.tracking import ExperimentRuns
+from registry.runs.trial_states import END_STATES, Progress, run_status, trial_state
 
 EXPECTED = {
     "COMPLETED": "FINISHED",

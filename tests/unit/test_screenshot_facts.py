@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from registry.trials_view import trials_view
+from registry.runs.trials_view import trials_view
 
 FACTS = Path(__file__).resolve().parents[2] / "docs" / "img" / "screenshots.json"
 RETAKE = "retake the screenshots: python docs/screenshots.py (see its docstring)"
@@ -66,7 +66,7 @@ def test_the_flow_run_screenshot_names_its_tasks_as_the_code_does():
 def test_a_changed_view_or_task_name_would_fail(png, monkeypatch):
     """The checks above compare with the code, not with themselves: a different view or
     task-name form makes them fail."""
-    import registry.trials_view as views
+    import registry.runs.trials_view as views
     from flows.tasks import TrialRef
 
     if png == "mlflow-runs.png":

@@ -7,13 +7,10 @@ import random
 
 from det_tasks.config import parse_config
 from det_tasks.config.hyperparameters import sample_hparams
-from det_tasks.searcher import (
-    MAX_INVALID_FACTOR,
-    AshaSearcher,
-    RandomSearcher,
-    asha_brackets,
-    make_searcher,
-)
+from det_tasks.searchers.asha import AshaSearcher, asha_brackets
+from det_tasks.searchers.base import MAX_INVALID_FACTOR
+from det_tasks.searchers.choose import make_searcher
+from det_tasks.searchers.random_search import RandomSearcher
 
 
 def _config(name: str, **searcher) -> object:

@@ -12,7 +12,7 @@ import pytest
 
 from det_tasks.config import Length, parse_config
 from det_tasks.errors import ConfigError
-from det_tasks.searcher import make_searcher
+from det_tasks.searchers.choose import make_searcher
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_optunas_pruner_counts_in_batches_and_without_it_epochs_are_fine() -> No
 def test_the_flow_knows_a_trials_last_segment_in_batches_whatever_the_unit() -> None:
     """The flow releases a held trial after its last segment: with max_length in records,
     ASHA's top rung (200 batches) is that segment, not a rung of 6,400 batches."""
-    from det_tasks.searcher import Work
+    from det_tasks.searchers.base import Work
     from flows.chains import final_segment
 
     config = _config({"records": 6400})

@@ -17,13 +17,14 @@ import pytest
 from det_tasks.config import parse_config
 from det_tasks.errors import ConfigError
 from det_tasks.plugins import _entries
-from det_tasks.searcher import Work, make_searcher
+from det_tasks.searchers.base import Work
+from det_tasks.searchers.choose import make_searcher
 
 PLUGIN_MODULE = """
 from pydantic import Field
 
-from det_tasks.searcher import Searcher
-from det_tasks.searcher_plugins import SearcherOptions, SearcherPlugin
+from det_tasks.searchers.base import Searcher
+from det_tasks.config.searcher_plugins import SearcherOptions, SearcherPlugin
 
 
 class SweepOptions(SearcherOptions):

@@ -11,7 +11,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, RESOURCE_DOES_NOT_EXIST
 
 from det_tasks.errors import CheckpointError, DetTasksError
-from registry.checkpoints import CHECKPOINT_TAG, forget_checkpoint_record
+from registry.checkpoints.store import CHECKPOINT_TAG, forget_checkpoint_record
 
 
 class _Client:

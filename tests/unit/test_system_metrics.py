@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from registry.settings import DEFAULT_SYSTEM_METRICS_INTERVAL_S, RegistrySettings
-from registry.system_metrics import start_system_metrics
-from registry.tracking import client_for
+from registry.metrics.system_metrics import start_system_metrics
+from registry.runs.tracking import client_for
+from registry.servers.settings import DEFAULT_SYSTEM_METRICS_INTERVAL_S, RegistrySettings
 
 KEY = "system/cpu_utilization_percentage"
 

@@ -56,7 +56,7 @@ def test_disabled_logging_writes_no_events(tmp_path):
 def test_without_the_tensorboard_package_it_warns_once(tmp_path, monkeypatch):
     import importlib.util
 
-    from det_tasks.pytorch import _tensorboard
+    from det_tasks.pytorch._loop import tensorboard as _tensorboard
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

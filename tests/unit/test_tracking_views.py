@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from registry.plots import TrialCurve, interactive_figure, log_scaled, trial_colors
-from registry.tracking import experiment_params, flat_params, mlflow_link, report_link
-from registry.trial_states import trial_state
-from registry.trials_view import TRIALS_VIEW_TAG, trials_view
+from registry.metrics.plots import TrialCurve, interactive_figure, log_scaled, trial_colors
+from registry.runs.tracking import experiment_params, flat_params, mlflow_link, report_link
+from registry.runs.trial_states import trial_state
+from registry.runs.trials_view import TRIALS_VIEW_TAG, trials_view
 
 ASHA = {
     "name": "asha",
@@ -180,7 +180,7 @@ def test_interactive_figure_log_axes_one_colour_per_trial_and_worded_titles():
 
 
 def test_learning_curves_png_one_colour_per_trial_and_a_worded_title():
-    from registry.plots import learning_curves_figure
+    from registry.metrics.plots import learning_curves_figure
 
     curves = [TrialCurve(f"trial-{i}", [1, 2], [1.0, 0.5], {}) for i in range(1, 17)]
     (ax,) = learning_curves_figure(curves, "validation_error").axes
@@ -191,7 +191,7 @@ def test_learning_curves_png_one_colour_per_trial_and_a_worded_title():
 
 
 def test_learning_curves_png_of_many_trials_names_them_in_the_html_page_not_a_legend():
-    from registry.plots import learning_curves_figure
+    from registry.metrics.plots import learning_curves_figure
 
     curves = [TrialCurve(f"trial-{i}", [1, 2], [1.0, 0.5], {}) for i in range(1, 1025)]
     (ax,) = learning_curves_figure(curves, "validation_error").axes
@@ -205,7 +205,7 @@ def test_the_logged_plots_leave_no_local_file_behind():
 
     from mlflow.tracking import MlflowClient
 
-    from registry.plots import log_interactive_plots, log_learning_curves
+    from registry.metrics.plots import log_interactive_plots, log_learning_curves
 
     class Client(MlflowClient):
         """MLflow's own log_figure; only the upload is recorded instead of made."""

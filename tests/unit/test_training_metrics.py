@@ -9,7 +9,7 @@ import torch
 from det_tasks import pytorch
 from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.pytorch import DataLoader
-from det_tasks.pytorch._metrics import average_metric
+from det_tasks.pytorch._loop.metrics import average_metric
 from det_tasks.sinks import InMemoryMetricsSink
 from tests.fixtures.trials import OnesDataset, OneVarTrial
 

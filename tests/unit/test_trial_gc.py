@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from registry.checkpoints import CHECKPOINT_TAG
-from registry.experiment_gc import collect_experiment_garbage, collect_trial_garbage
+from registry.checkpoints.gc import collect_experiment_garbage, collect_trial_garbage
+from registry.checkpoints.store import CHECKPOINT_TAG
 
 
 class RecordingClient:

@@ -1,4 +1,4 @@
-"""One reading of a trial's numbers (registry.experiment_view.trial_progress): batches
+"""One reading of a trial's numbers (registry.experiments.view.trial_progress): batches
 trained from progress/batches, the best validation (not the last) under either ordering,
 the latest one, the best checkpoint. The trials table shows that reading for every row,
 read again as trials change, run and end (kept after a pause or a kill), is created once
@@ -19,7 +19,7 @@ import pytest
 
 from flows import trial_table
 from flows.trial_table import TrialTable, significant
-from registry.experiment_view import (
+from registry.experiments.view import (
     TrialProgress,
     best_point,
     read_trial_progress,
@@ -57,7 +57,7 @@ def run(
     state: str | None = None,
     params: dict[str, str] | None = None,
 ) -> Any:
-    """A trial run as MLflow's client (or registry.mlflow_rest) returns it."""
+    """A trial run as MLflow's client (or registry.runs.mlflow_rest) returns it."""
     tags = {f"det.checkpoint.{r['steps_completed']}": json.dumps(r) for r in records}
     tags["det.trial_id"] = trial
     if state:

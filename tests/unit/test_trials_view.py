@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from registry.trials_view import (
+from registry.runs.trials_view import (
     VIEW_TAG_LIMIT,
     saved_view_state,
     searched_hparams,

@@ -14,7 +14,7 @@ from det_tasks.config import parse_config
 from det_tasks.config.horovod import horovod_tuning_env
 from det_tasks.config.unhonoured import UnhonouredFieldWarning
 from det_tasks.errors import CheckpointError
-from det_tasks.pytorch._restore import load_state
+from det_tasks.pytorch._loop.restore import load_state
 
 BASE = {
     "entrypoint": "model_def:Trial",

@@ -20,11 +20,11 @@ from det_tasks.checkpoints.store import LocalDirectoryStore
 from det_tasks.errors import CheckpointError
 from det_tasks.runner.cli import main
 from det_tasks.runner.resume import choose_resume_checkpoint
-from registry import checkpoint_uris as uris
-from registry.cache import fetch_checkpoint
-from registry.containment import key_within, normalised_key
-from registry.local_files import FileLocation
-from registry.s3 import artifact_location, parse_location
+from registry.checkpoints import uris
+from registry.checkpoints.cache import fetch_checkpoint
+from registry.servers.containment import key_within, normalised_key
+from registry.servers.local_files import FileLocation
+from registry.servers.s3 import artifact_location, parse_location
 
 RUN = "0123456789abcdef"
 TRAVERSALS = [
@@ -73,7 +73,7 @@ def file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Pat
     monkeypatch.setenv("DET_TASKS_CACHE_DIR", str(cache))
     monkeypatch.delenv("DET_TASKS_MLFLOW_ARTIFACTS", raising=False)
     monkeypatch.delenv("DET_TASKS_ARTIFACT_ROOT", raising=False)
-    monkeypatch.setattr("registry.s3.client", lambda *a, **k: NoS3())
+    monkeypatch.setattr("registry.servers.s3.client", lambda *a, **k: NoS3())
     return {"artifacts": artifacts, "outside": outside, "cache": cache, "root": tmp_path}
 
 

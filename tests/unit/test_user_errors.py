@@ -103,7 +103,7 @@ def test_help_is_plain_text_and_hides_the_flow_only_flags():
 
 def test_bad_system_metrics_interval_names_the_variable(monkeypatch):
     from det_tasks.errors import ConfigError
-    from registry.settings import RegistrySettings
+    from registry.servers.settings import RegistrySettings
 
     monkeypatch.setenv("DET_TASKS_SYSTEM_METRICS_INTERVAL", "ten")
     with pytest.raises(ConfigError, match="DET_TASKS_SYSTEM_METRICS_INTERVAL='ten'"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster import warm_forkserver
-from registry import s3
+from registry.servers import s3
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_a_forked_child_does_not_run_the_main_module_again(tmp_path: Path) -> No
 
 def _imported_after(uri: str) -> dict[str, bool]:
     code = (
-        "import json, sys; from registry.tracking import import_tracking_store; "
+        "import json, sys; from registry.runs.tracking import import_tracking_store; "
         f"import_tracking_store({uri!r}); "
         "print(json.dumps({m: m in sys.modules for m in "
         "('mlflow.store.tracking.sqlalchemy_store', 'sqlalchemy')}))"

@@ -6,7 +6,7 @@ A backend brings its own config fields (a ``StorageOptions`` model, as strict as
 the config, with the same one-line errors), the local folder it writes to (checked before
 training) and the store it builds when a trial runs without the platform. On the platform
 (``MLFLOW_TRACKING_URI`` set) every type's checkpoints are artifacts of the trial's MLflow
-run (``registry.checkpoints.S3CheckpointStore``) and only the ``save_*`` counts apply. A
+run (``registry.checkpoints.store.S3CheckpointStore``) and only the ``save_*`` counts apply. A
 new backend is one module and one entry point line; the registry looks a type up when a
 config names it, so a package installed later adds its type to processes started after it.
 """

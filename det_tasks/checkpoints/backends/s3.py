@@ -1,6 +1,6 @@
 """``checkpoint_storage.type: s3``: checkpoints in S3, which needs the platform. With
 ``MLFLOW_TRACKING_URI`` set they are artifacts of the trial's MLflow run, uploaded by
-``registry.checkpoints.S3CheckpointStore`` (det_tasks imports no boto3); the bucket and its
+``registry.checkpoints.store.S3CheckpointStore`` (det_tasks imports no boto3); the bucket and its
 credentials come from the platform's settings, so ``bucket``, ``prefix``, ``endpoint_url``,
 ``access_key`` and ``secret_key`` are accepted for Determined's configs and have no effect.
 Without the platform a trial refuses the type before its first batch: there is no local S3

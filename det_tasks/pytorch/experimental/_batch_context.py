@@ -20,8 +20,8 @@ from torch import nn
 from det_tasks import cluster_info
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import TrialError
-from det_tasks.pytorch._data import to_device
-from det_tasks.pytorch._reducer import FunctionReducer, MetricReducer, to_python
+from det_tasks.pytorch._api.reducer import FunctionReducer, MetricReducer, to_python
+from det_tasks.pytorch._data.loader import to_device
 from det_tasks.pytorch.experimental._job_services import BatchJobServices
 
 __all__ = ["TorchBatchProcessorContext"]

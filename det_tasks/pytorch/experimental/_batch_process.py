@@ -24,7 +24,7 @@ import torch.utils.data
 from det_tasks import cluster_info
 from det_tasks.checkpoints.format import METADATA_FILE
 from det_tasks.distributed import DistributedContext
-from det_tasks.pytorch._data import DataLoader
+from det_tasks.pytorch._data.loader import DataLoader
 from det_tasks.pytorch.experimental._batch_context import TorchBatchProcessorContext
 from det_tasks.pytorch.experimental._job_services import (
     BatchJobServices,

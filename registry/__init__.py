@@ -10,9 +10,9 @@ Of the platform's packages, the one that talks to MLflow and S3 for trials and e
 (``infra.seaweed`` also uses boto3, to create the local stack's bucket when it starts
 SeaweedFS, declared in pyproject.toml's ``ignore_imports``; tests and benchmarks use both
 directly). det_tasks never imports this package: it reaches it through the entry
-points named in pyproject.toml (checkpoint resolvers, run services, batch-job services, the
-trial-id resolver and ``det-tasks`` subcommands) and the MetricsSink / CheckpointStore
-interfaces. ``registry.servers.shared_database`` (creating a shared local database once) serves
+points named in pyproject.toml (checkpoint resolvers, run services, unmanaged runs,
+batch-job services, the trial-id resolver and ``det-tasks`` subcommands) and the
+MetricsSink / CheckpointStore interfaces. ``registry.servers.shared_database`` (creating a shared local database once) serves
 the flows' Prefect database too.
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("det_tasks", "registry", "cluster", "searchers", "flows", "det_cli", "infra", "bench")
+PACKAGES = ("det_tasks", "registry", "cluster", "flows", "det_cli", "infra", "bench")
 LOADERS = {"load_one", "load_all"}
 BY_NAME = {"import_module", "__import__"}
 

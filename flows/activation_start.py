@@ -21,7 +21,7 @@ from prefect.runtime import deployment
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.storage_paths import code_exclusions
 from det_tasks.errors import DetTasksError, StepFailed
-from det_tasks.runner.in_process import check_entrypoint
+from det_tasks.runner.entrypoint_source import check_entrypoint_source
 from registry.experiments.activation import (
     RunBefore,
     activation_progressed,
@@ -59,8 +59,11 @@ def code_for(
 ) -> tuple[Path, ExperimentCode]:
     """The code this start runs: the package it was submitted as, else the experiment's
     code snapshot (taken now for a new experiment); says when the folder differs from it.
-    Its entrypoint is checked before any run exists: a retry cannot fix it. Returns the
-    folder the trials import (the snapshot's, whatever ``model_path`` holds now) too."""
+    Its entrypoint is checked before any run exists, from its source (a retry cannot fix
+    it; importing it here would load torch and the user's imports into the flow, ~2 s
+    before the first trial starts: what only an import finds, the trial's worker reports
+    as final). Returns the folder the trials import (the snapshot's, whatever
+    ``model_path`` holds now) too."""
     if package:
         code = package_code(package, model_path)
     else:
@@ -68,7 +71,7 @@ def code_for(
         code = code_for_start(client, run_key, model_path, exclusions, use_changed_code)
     if code.note:
         get_run_logger().warning(code.note)
-    check_entrypoint(cfg, code.snapshot.folder)
+    check_entrypoint_source(cfg, code.snapshot.folder)
     return code.snapshot.folder, code
 
 

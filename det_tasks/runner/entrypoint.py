@@ -10,9 +10,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from det_tasks.errors import ConfigError, TrialError
+from det_tasks.errors import ConfigError, DetTasksError, TrialError
 
-__all__ = ["load_trial_class", "model_dir_on_path", "parse_script_command"]
+__all__ = [
+    "import_failure",
+    "load_trial_class",
+    "load_trial_class_or_fail",
+    "model_dir_on_path",
+    "parse_script_command",
+]
 
 
 def load_trial_class(entrypoint: str, model_dir: Path) -> type:
@@ -61,6 +67,30 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
             f"entrypoint {entrypoint!r} is not a PyTorchTrial subclass (it has no train_batch)"
         )
     return obj
+
+
+def import_failure(entrypoint: str | list[str], err: BaseException, model_dir: Path) -> TrialError:
+    """An exception raised while importing the user's entrypoint, as one line naming the
+    entrypoint, the error and the user's line: final, as a retry would meet it again."""
+    from det_tasks.user_frames import innermost_user_frame
+
+    frame = innermost_user_frame(err, model_dir)
+    where = f" ({frame.location})" if frame else ""
+    return TrialError(
+        f"entrypoint {entrypoint!r} fails to import: {type(err).__name__}: {err}{where}"
+    )
+
+
+def load_trial_class_or_fail(entrypoint: str, model_dir: Path) -> type:
+    """``load_trial_class``, with an exception raised by the user's import made final
+    (``import_failure``): a trial's worker may be the first to import it, as a deployment's
+    flow checks the entrypoint from its source only (``entrypoint_source``)."""
+    try:
+        return load_trial_class(entrypoint, model_dir)
+    except DetTasksError:
+        raise
+    except Exception as err:
+        raise import_failure(entrypoint, err, model_dir) from None
 
 
 @contextlib.contextmanager

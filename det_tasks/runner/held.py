@@ -27,7 +27,7 @@ from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError
 from det_tasks.pytorch import Trainer, init
 from det_tasks.pytorch.harness import trial_controller
-from det_tasks.runner.entrypoint import load_trial_class, model_dir_on_path
+from det_tasks.runner.entrypoint import load_trial_class_or_fail, model_dir_on_path
 from det_tasks.runner.resume import choose_resume_checkpoint
 from det_tasks.runner.trial_config import with_defaults
 from det_tasks.runner.trial_setup import (
@@ -84,7 +84,7 @@ class HeldTrial:
         self._stack.enter_context(model_dir_on_path(model_dir))
         assert isinstance(config.entrypoint, str)
         with in_model_dir(self._model_dir):
-            trial_class = load_trial_class(config.entrypoint, model_dir)
+            trial_class = load_trial_class_or_fail(config.entrypoint, model_dir)
         services = self._stack.enter_context(
             platform_services(
                 raw,

@@ -17,11 +17,12 @@ from det_tasks.checkpoints.retention import collect_garbage
 from det_tasks.checkpoints.store import CheckpointStore
 from det_tasks.config import ExperimentConfig
 from det_tasks.config.entered import EnteredConfig
-from det_tasks.errors import ConfigError, DetTasksError, InvalidHP, TrialError
+from det_tasks.errors import ConfigError, DetTasksError, InvalidHP
 from det_tasks.pytorch import Batch, Epoch, Trainer, TrainUnit, init
 from det_tasks.runner import stop_requests, worker_group
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
 from det_tasks.runner.entrypoint import (
+    import_failure,
     load_trial_class,
     model_dir_on_path,
     parse_script_command,
@@ -41,7 +42,6 @@ from det_tasks.runner.trial_setup import (
 )
 from det_tasks.runner.workdir import in_model_dir
 from det_tasks.sinks import InMemoryMetricsSink, MetricsSink, MultiSink
-from det_tasks.user_frames import innermost_user_frame
 
 __all__ = ["RunResult", "check_entrypoint", "load_entrypoint", "run_trial"]
 
@@ -221,12 +221,7 @@ def check_entrypoint(config: ExperimentConfig, model_dir: Path) -> type | Path:
         except DetTasksError:
             raise
         except Exception as err:
-            frame = innermost_user_frame(err, model_dir)
-            where = f" ({frame.location})" if frame else ""
-            raise TrialError(
-                f"entrypoint {config.entrypoint!r} fails to import: "
-                f"{type(err).__name__}: {err}{where}"
-            ) from None
+            raise import_failure(config.entrypoint, err, model_dir) from None
 
 
 def _absolute_if_path(reference: str | None) -> str | None:

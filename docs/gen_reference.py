@@ -406,15 +406,31 @@ def _note_key(prefix: str, field: str) -> str:
     return key
 
 
+# A plug-in or storage type installed from another package documents its own fields: its
+# model's field descriptions stand in for notes, so installing one never breaks this build.
+PROJECT_PACKAGES = ("det_tasks", "registry", "cluster", "flows", "det_cli", "infra")
+
+
+def _ours(model: type[BaseModel]) -> bool:
+    return model.__module__.partition(".")[0] in PROJECT_PACKAGES
+
+
 def config_field_paths() -> list[str]:
-    """Every note key the config models need (one per field)."""
+    """Every note key the config models of this project need (one per field)."""
     return list(
         dict.fromkeys(
             _note_key(prefix, field)
             for _, _, model, prefix in _models()
+            if _ours(model)
             for field in model.model_fields
         )
     )
+
+
+def _foreign_note(model: type[BaseModel], info: FieldInfo) -> str:
+    """What another package's plug-in field says of itself, and whose it is."""
+    owner = f"from `{model.__module__.partition('.')[0]}`"
+    return _cell(f"{info.description} ({owner})") if info.description else owner
 
 
 def _type_name(annotation: Any) -> str:
@@ -503,7 +519,8 @@ def config_markdown() -> str:
         for field, info in model.model_fields.items():
             key = _note_key(prefix, field)
             kind = _type_name(info.annotation) + _bounds(info)
-            row = f"| `{field}` | {kind} | {_default(info)} | {CONFIG_NOTES[key]} |"
+            note = CONFIG_NOTES[key] if _ours(model) else _foreign_note(model, info)
+            row = f"| `{field}` | {kind} | {_default(info)} | {note} |"
             lines.append(f"{row} {_tests_cell(key)} |")
         lines.append("")
     return "\n".join(lines)

@@ -133,3 +133,25 @@ def test_tests_named_for_no_field_fail_the_build(monkeypatch):
     monkeypatch.setattr(gen, "FIELD_TESTS", stale)
     with pytest.raises(RuntimeError, match=r"searcher\.no_such_field"):
         gen.config_markdown()
+
+
+def test_a_plug_in_from_another_package_documents_its_own_fields(monkeypatch):
+    """A searcher plug-in installed from outside this project needs no note here: its fields
+    are listed with their own descriptions (before, the build raised for the missing note)."""
+    from pydantic import BaseModel, Field
+
+    foreign = type(
+        "AcmeOptions",
+        (BaseModel,),
+        {
+            "__module__": "acme_search.options",
+            "__annotations__": {"temperature": float},
+            "temperature": Field(0.5, description="How bold a proposal is"),
+        },
+    )
+    installed = gen._plugin_options()
+    monkeypatch.setattr(gen, "_plugin_options", lambda: [*installed, ("acme", foreign)])
+    text = gen.config_markdown()
+    assert "### searcher: acme (plug-in)" in text
+    assert "| `temperature` | float | `0.5` | How bold a proposal is (from `acme_search`) |" in text
+    assert "searcher.temperature" not in gen.config_field_paths()

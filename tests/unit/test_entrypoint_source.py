@@ -35,6 +35,7 @@ def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "plain.py").write_text("class Plain:\n    def evaluate_batch(self): ...\n")
     (tmp_path / "raises.py").write_text("import os\n\nVALUE = 1 / 0\n\nclass T(object): ...\n")
     (tmp_path / "star.py").write_text("from model_def import *\n")
+    (tmp_path / "patched.py").write_text("class P:\n    pass\n\nP.train_batch = print\n")
     (tmp_path / "train.py").write_text("print('a script')\n")
     return tmp_path
 
@@ -64,11 +65,19 @@ def test_refused_in_the_words_of_the_import(model_dir: Path, entrypoint: str, sa
 
 @pytest.mark.parametrize(
     "entrypoint",
-    ["model_def:XorTrial", "star:XorTrial", "raises:T", "json:JSONDecoder", "python3 train.py"],
+    [
+        "model_def:XorTrial",
+        "star:XorTrial",
+        "patched:P",
+        "raises:T",
+        "json:JSONDecoder",
+        "python3 train.py",
+    ],
 )
 def test_passes_what_only_an_import_can_judge(model_dir: Path, entrypoint: str) -> None:
-    """A good trial; a name a star import may bind; a module that raises on import; a
-    module installed outside the model directory; a script that is there."""
+    """A good trial; a name a star import may bind; a class given train_batch after its
+    definition; a module that raises on import; a module installed outside the model
+    directory; a script that is there."""
     check_entrypoint_source(_config(entrypoint), model_dir)
 
 

@@ -236,7 +236,7 @@ CREATE_PHASES = (
 )  # fmt: skip
 
 
-def _prefect_time(text: str) -> float:
+def prefect_time(text: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -255,7 +255,7 @@ def create_phases(det: Any, env: dict[str, str], name: str) -> dict[str, float]:
     returned = time.time() - t0
     short = next(line for line in out.splitlines() if line.startswith("Created ")).split()[-1]
     run_id = full_id(env, short)
-    states = until(lambda: _ended_states(env, run_id), 300, f"flow run {short} ends")
+    states = until(lambda: ended_states(env, run_id), 300, f"flow run {short} ends")
     run: Any = prefect_get(env, f"/flow_runs/{run_id}")
     tasks: Any = prefect_get(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
     mlflow = client_for(env["MLFLOW_TRACKING_URI"])
@@ -274,26 +274,26 @@ def create_phases(det: Any, env: dict[str, str], name: str) -> dict[str, float]:
     )
     _LOG_LINES.append(f"{det.name}, {name}:")
     for log in logs:  # where the flow run's own time goes (--create -v)
-        _LOG_LINES.append(f"  {_prefect_time(log['timestamp']) - t0:6.2f} s {log['message'][:110]}")
+        _LOG_LINES.append(f"  {prefect_time(log['timestamp']) - t0:6.2f} s {log['message'][:110]}")
     return {
         "create returned": returned,
-        "flow run created": _prefect_time(run["created"]) - t0,
+        "flow run created": prefect_time(run["created"]) - t0,
         "worker pickup (Pending)": states["PENDING"] - t0,
-        "flow run Running": _prefect_time(run["start_time"]) - t0,
-        "first task started": min(_prefect_time(t["start_time"]) for t in tasks) - t0,
+        "flow run Running": prefect_time(run["start_time"]) - t0,
+        "first task started": min(prefect_time(t["start_time"]) for t in tasks) - t0,
         "trial's MLflow run": trial.info.start_time / 1000 - t0,
         "first batch": min(first_points) / 1000 - t0,
     }
 
 
-def _ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
+def ended_states(env: dict[str, str], run_id: str) -> dict[str, float] | None:
     """The flow run's state types with their first timestamps, once it is COMPLETED."""
     from bench.det_latency import prefect_get
 
     states: Any = prefect_get(env, f"/flow_run_states/?flow_run_id={run_id}")
     seen: dict[str, float] = {}
     for state in sorted(states, key=lambda s: s["timestamp"]):
-        seen.setdefault(state["type"], _prefect_time(state["timestamp"]))
+        seen.setdefault(state["type"], prefect_time(state["timestamp"]))
     if "FAILED" in seen or "CRASHED" in seen:
         raise RuntimeError(f"flow run {run_id} failed: {states[-1]}")
     return seen if "COMPLETED" in seen else None

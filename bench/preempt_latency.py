@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.det_latency import MODEL, Det, a_stack, full_id, prefect_get, until  # noqa: E402
-from bench.flow_latency import _ended_states, _prefect_time  # noqa: E402
+from bench.flow_latency import ended_states, prefect_time  # noqa: E402
 
 HOLDERS = ["--config", "hyperparameters.hidden=8", "--config", "hyperparameters.sleep_s=0.2",
            "--config", "searcher.max_length={batches: 100000}"]  # fmt: skip
@@ -72,7 +72,7 @@ def _log_times(env: dict[str, str], run_id: str, since: float) -> list[tuple[flo
     """The flow run's log lines from ``since`` on: (epoch seconds, message)."""
     body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
     logs: Any = prefect_get(env, "/logs/filter", body)
-    lines = [(_prefect_time(log["timestamp"]), str(log["message"])) for log in logs]
+    lines = [(prefect_time(log["timestamp"]), str(log["message"])) for log in logs]
     return [(t, m) for t, m in lines if t >= since]
 
 
@@ -99,7 +99,7 @@ def urgent_phases(det: Det, holders: str, name: str) -> dict[str, float]:
     time.sleep(MIN_RUNTIME_S + 2)
     t0 = time.time()
     run_id, returned = _created(det, "killable.yaml", ".", "--config", f"name={name}", *URGENT)
-    until(lambda: _ended_states(env, run_id), 300, f"urgent flow run {run_id} ends")
+    until(lambda: ended_states(env, run_id), 300, f"urgent flow run {run_id} ends")
     run: Any = prefect_get(env, f"/flow_runs/{run_id}")
     tasks: Any = prefect_get(env, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
     held = _log_times(env, holders, t0)
@@ -112,10 +112,10 @@ def urgent_phases(det: Det, holders: str, name: str) -> dict[str, float]:
     )
     return {
         "create returned": returned,
-        "urgent flow run Running": _prefect_time(run["start_time"]) - t0,
+        "urgent flow run Running": prefect_time(run["start_time"]) - t0,
         "a holder asked to give way": asked - t0,
         "the holder's slot freed": freed - t0,
-        "urgent first task started": min(_prefect_time(t["start_time"]) for t in tasks) - t0,
+        "urgent first task started": min(prefect_time(t["start_time"]) for t in tasks) - t0,
         "urgent first batch": _first_batch(env, name) - t0,
     }
 

@@ -390,13 +390,12 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     client = client_for(os.environ["MLFLOW_TRACKING_URI"])
     det_bin = str(Path(sys.executable).with_name("det"))
     slow = ["--config", "hyperparameters.sleep_s=0.1",
-            "--config", "searcher.max_length={batches: 300}",
             "--config", "min_validation_period={batches: 20}"]  # fmt: skip
 
-    def create(name: str) -> str:
+    def create(name: str, length: int = 300) -> str:
         created = subprocess.run(
             [det_bin, "experiment", "create", "killable.yaml", ".", "--config", f"name={name}",
-             *slow],
+             *slow, "--config", f"searcher.max_length={{batches: {length}}}"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert created.returncode == 0, created.stderr[-3000:]
@@ -471,7 +470,9 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     cancelled_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
     cancel_id = create(cancelled_name)
     killed_name = f"lifecycle-{uuid.uuid4().hex[:6]}"
-    kill_id = create(killed_name)  # trains beside it, on the other worker
+    # Trains beside it, on the other worker, long enough (at least 300 s) that the kill
+    # always finds it training, however soon its flow starts.
+    kill_id = create(killed_name, length=3000)
     trial = _trial_run(client, cancelled_name)
     flow_run = experiment_run(cancel_id)
     with get_client(sync_client=True) as prefect:
@@ -493,7 +494,7 @@ def test_pause_activate_and_cancel_an_experiment_on_the_stack(deployed, tmp_path
     _until(lambda: experiment_run(kill_id).state == "CANCELLED", 60, "kill")
     at = _numbers_agree(det_bin, kill_id, client, killed.info.run_id, "CANCELED")
     kill_run = experiment_run(kill_id)
-    task = _task_runs(kill_run.id)["train trial-1 0-300"]
+    task = _task_runs(kill_run.id)["train trial-1 0-3000"]
     assert task.state.type.value == "CANCELLED", task.state
     killed_at = re.search(r"killed \(no checkpoint\) at batch (\d+)", task.state.message or "")
     # The harness reports training at scheduling-unit ends, at a checkpoint or validation,

@@ -17,8 +17,35 @@ __all__ = [
     "load_trial_class",
     "load_trial_class_or_fail",
     "model_dir_on_path",
+    "no_module_error",
     "parse_script_command",
+    "split_trial_entrypoint",
+    "syntax_error",
 ]
+
+
+def split_trial_entrypoint(entrypoint: str) -> tuple[str, str]:
+    """``module:Class`` as (module, class path), refused in one line in any other form."""
+    module_name, _, class_path = entrypoint.partition(":")
+    if not module_name or not class_path:
+        raise ConfigError(
+            f"entrypoint {entrypoint!r} is not of the form `module:TrialClass` "
+            "(e.g. `model_def:MNistTrial`)"
+        )
+    return module_name, class_path
+
+
+def syntax_error(entrypoint: str, err: SyntaxError) -> TrialError:
+    """The entrypoint's module does not parse: where, in the compiler's words."""
+    return TrialError(f"entrypoint {entrypoint!r}: {err.filename}:{err.lineno}: {err.msg}")
+
+
+def no_module_error(entrypoint: str, module_name: str, model_dir: Path) -> ConfigError:
+    """The entrypoint's module is not in the model directory: which folder to pass."""
+    return ConfigError(
+        f"entrypoint {entrypoint!r}: no module {module_name!r} in model directory "
+        f"{str(model_dir)!r}; pass the directory holding {module_name}.py"
+    )
 
 
 def load_trial_class(entrypoint: str, model_dir: Path) -> type:
@@ -26,12 +53,7 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
     from det_tasks import compat
 
     compat.install()
-    module_name, _, class_path = entrypoint.partition(":")
-    if not module_name or not class_path:
-        raise ConfigError(
-            f"entrypoint {entrypoint!r} is not of the form `module:TrialClass` "
-            "(e.g. `model_def:MNistTrial`)"
-        )
+    module_name, class_path = split_trial_entrypoint(entrypoint)
     model_dir = model_dir.resolve()
     if str(model_dir) not in sys.path:
         raise RuntimeError("load_trial_class must run inside model_dir_on_path(model_dir)")
@@ -39,15 +61,10 @@ def load_trial_class(entrypoint: str, model_dir: Path) -> type:
     try:
         module = importlib.import_module(module_name)
     except SyntaxError as err:
-        raise TrialError(
-            f"entrypoint {entrypoint!r}: {err.filename}:{err.lineno}: {err.msg}"
-        ) from None
+        raise syntax_error(entrypoint, err) from None
     except ModuleNotFoundError as err:
         if err.name == module_name.split(".")[0]:
-            raise ConfigError(
-                f"entrypoint {entrypoint!r}: no module {module_name!r} in model directory "
-                f"{str(model_dir)!r}; pass the directory holding {module_name}.py"
-            ) from None
+            raise no_module_error(entrypoint, module_name, model_dir) from None
         raise
     obj: object = module
     for part in class_path.split("."):

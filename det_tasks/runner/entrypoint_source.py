@@ -18,7 +18,12 @@ from pathlib import Path
 from det_tasks.config import ExperimentConfig
 from det_tasks.errors import ConfigError, TrialError
 from det_tasks.runner.determined_launch_layers import parse_launch_layer
-from det_tasks.runner.entrypoint import parse_script_command
+from det_tasks.runner.entrypoint import (
+    no_module_error,
+    parse_script_command,
+    split_trial_entrypoint,
+    syntax_error,
+)
 
 __all__ = ["check_entrypoint_source"]
 
@@ -44,28 +49,18 @@ def check_entrypoint_source(config: ExperimentConfig, model_dir: Path) -> None:
 
 
 def _check_trial_class(entrypoint: str, model_dir: Path) -> None:
-    module_name, _, class_path = entrypoint.partition(":")
-    if not module_name or not class_path:
-        raise ConfigError(
-            f"entrypoint {entrypoint!r} is not of the form `module:TrialClass` "
-            "(e.g. `model_def:MNistTrial`)"
-        )
+    module_name, class_path = split_trial_entrypoint(entrypoint)
     model_dir = model_dir.resolve()
     source = _module_source(module_name, model_dir)
     if source is None:
         if _found_elsewhere(module_name, model_dir):
             return  # installed, or not plain source: the worker's import judges it
-        raise ConfigError(
-            f"entrypoint {entrypoint!r}: no module {module_name!r} in model directory "
-            f"{str(model_dir)!r}; pass the directory holding {module_name}.py"
-        )
+        raise no_module_error(entrypoint, module_name, model_dir)
     text = importlib.util.decode_source(source.read_bytes())
     try:
         tree = ast.parse(text, filename=str(source))
     except SyntaxError as err:
-        raise TrialError(
-            f"entrypoint {entrypoint!r}: {err.filename}:{err.lineno}: {err.msg}"
-        ) from None
+        raise syntax_error(entrypoint, err) from None
     _check_defined(entrypoint, module_name, class_path.split(".")[0], tree)
 
 

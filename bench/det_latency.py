@@ -90,6 +90,21 @@ def a_stack(args: argparse.Namespace, tmp: Path) -> Iterator[dict[str, str]]:
         down(config)
 
 
+@contextmanager
+def xor_stack(prefix: str, port_offset: int) -> Iterator[tuple[dict[str, str], Path]]:
+    """A stack of the bench's own and a copy of the XOR model to create experiments from:
+    (the client environment, the model's folder)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        tmp = Path(folder)
+        workdir = tmp / "xor"
+        shutil.copytree(MODEL, workdir)
+        stack_args = argparse.Namespace(stack_dir=None, port_offset=port_offset)
+        with a_stack(stack_args, tmp) as stack_env:
+            env = {**os.environ, **stack_env, "PREFECT_HOME": str(tmp / "prefect-client")}
+            env.pop("DET_MASTER", None)
+            yield env, workdir
+
+
 class Det:
     """Runs ``det ARGS`` from one source tree (this checkout, or the baseline's)."""
 

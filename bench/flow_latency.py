@@ -310,30 +310,21 @@ def create_to_first_batch(
     with ``baseline`` (another checkout), its ``det experiment create`` too, interleaved on
     the same stack (whose worker runs this checkout's flow for both). ``settle_s``: a pause
     before each experiment, for the stack to finish ending the one before."""
-    import shutil
+    from bench.det_latency import Det, xor_stack
 
-    from bench.det_latency import MODEL, Det, a_stack
-
-    with tempfile.TemporaryDirectory(prefix="create-latency-") as folder:
-        tmp = Path(folder)
-        workdir = tmp / "xor"
-        shutil.copytree(MODEL, workdir)
-        stack_args = argparse.Namespace(stack_dir=None, port_offset=port_offset)
-        with a_stack(stack_args, tmp) as stack_env:
-            env = {**os.environ, **stack_env, "PREFECT_HOME": str(tmp / "prefect-client")}
-            env.pop("DET_MASTER", None)
-            dets = [Det("this tree", ROOT, env, workdir)]
-            if baseline is not None:
-                dets.append(Det("baseline", baseline.resolve(), env, workdir))
-            rows: dict[str, list[dict[str, float]]] = {det.name: [] for det in dets}
-            for det in dets:  # warm-ups, not counted
-                create_phases(det, env, f"bench-create-warmup-{det.name[0]}-{os.getpid()}")
-            before = os.getloadavg()[0]
-            for i in range(repeats):
-                for det in dets:
-                    time.sleep(settle_s)
-                    name = f"bench-create-{det.name[0]}-{os.getpid()}-{i}"
-                    rows[det.name].append(create_phases(det, env, name))
+    with xor_stack("create-latency-", port_offset) as (env, workdir):
+        dets = [Det("this tree", ROOT, env, workdir)]
+        if baseline is not None:
+            dets.append(Det("baseline", baseline.resolve(), env, workdir))
+        rows: dict[str, list[dict[str, float]]] = {det.name: [] for det in dets}
+        for det in dets:  # warm-ups, not counted
+            create_phases(det, env, f"bench-create-warmup-{det.name[0]}-{os.getpid()}")
+        before = os.getloadavg()[0]
+        for i in range(repeats):
+            for det in dets:
+                time.sleep(settle_s)
+                name = f"bench-create-{det.name[0]}-{os.getpid()}-{i}"
+                rows[det.name].append(create_phases(det, env, name))
     print(f"load average (1 min) before {before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{platform.node()} ({os.cpu_count()} CPUs); medians of {repeats}, seconds from "
           "`det experiment create`")  # fmt: skip

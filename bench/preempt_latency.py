@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.det_latency import MODEL, Det, a_stack, full_id, prefect_get, until  # noqa: E402
+from bench.det_latency import Det, full_id, prefect_get, until, xor_stack  # noqa: E402
 from bench.flow_latency import ended_states, prefect_time  # noqa: E402
 
 HOLDERS = ["--config", "hyperparameters.hidden=8", "--config", "hyperparameters.sleep_s=0.2",
@@ -122,26 +120,19 @@ def urgent_phases(det: Det, holders: str, name: str) -> dict[str, float]:
 
 def preemption(repeats: int, port_offset: int, verbose: bool) -> None:
     """The holders, then ``repeats`` urgent experiments one after another; the report."""
-    with tempfile.TemporaryDirectory(prefix="preempt-latency-") as folder:
-        tmp = Path(folder)
-        workdir = tmp / "xor"
-        shutil.copytree(MODEL, workdir)
-        stack_args = argparse.Namespace(stack_dir=None, port_offset=port_offset)
-        with a_stack(stack_args, tmp) as stack_env:
-            env = {**os.environ, **stack_env, "PREFECT_HOME": str(tmp / "prefect-client")}
-            env.pop("DET_MASTER", None)
-            det = Det("this tree", ROOT, env, workdir)
-            holders, _ = _created(det, "grid.yaml", ".", "--config", "name=bench-holders",
-                                  *HOLDERS)  # fmt: skip
-            try:
-                before = os.getloadavg()[0]
-                rows = [
-                    urgent_phases(det, holders, f"bench-urgent-{os.getpid()}-{i}")
-                    for i in range(repeats)
-                ]
-                after = os.getloadavg()[0]
-            finally:
-                det.run("experiment", "kill", holders)
+    with xor_stack("preempt-latency-", port_offset) as (env, workdir):
+        det = Det("this tree", ROOT, env, workdir)
+        holders, _ = _created(det, "grid.yaml", ".", "--config", "name=bench-holders",
+                              *HOLDERS)  # fmt: skip
+        try:
+            before = os.getloadavg()[0]
+            rows = [
+                urgent_phases(det, holders, f"bench-urgent-{os.getpid()}-{i}")
+                for i in range(repeats)
+            ]
+            after = os.getloadavg()[0]
+        finally:
+            det.run("experiment", "kill", holders)
     print(f"load average (1 min) before {before:.2f}, after {after:.2f}; {platform.node()} "
           f"({os.cpu_count()} CPUs); medians of {repeats}, seconds from the urgent "
           f"experiment's `det experiment create` (holders past the {MIN_RUNTIME_S:.0f} s "

@@ -22,7 +22,7 @@ from det_tasks.pytorch._api import amp as _amp
 from det_tasks.pytorch._api import parallel as _parallel
 from det_tasks.pytorch._api.lr_scheduler import LRScheduler
 from det_tasks.pytorch._api.nonfinite import NonFiniteGuard
-from det_tasks.pytorch._api.reducer import FunctionReducer, MetricReducer, to_python
+from det_tasks.pytorch._api.reducer import MetricReducer, as_metric_reducer, to_python
 from det_tasks.pytorch._api.trainer_api import TrainerAPIMixin
 from det_tasks.pytorch._data.loader import to_device
 
@@ -89,12 +89,7 @@ class PyTorchExperimentalContext:
         for_validation: bool = True,
     ) -> MetricReducer:
         """Register a reducer whose result joins the training and/or validation metrics."""
-        if not isinstance(reducer, MetricReducer):
-            if not callable(reducer):
-                raise TypeError(
-                    f"wrap_reducer takes a function or a MetricReducer, got {reducer!r}"
-                )
-            reducer = FunctionReducer(reducer)
+        reducer = as_metric_reducer(reducer)
         if not (for_training or for_validation):
             raise ValueError("wrap_reducer: for_training and for_validation are both False")
         self._reducers.append((reducer, name, for_training, for_validation))

@@ -20,6 +20,7 @@ __all__ = [
     "FunctionReducer",
     "MetricReducer",
     "Reducer",
+    "as_metric_reducer",
     "reduce_batch_metrics",
     "to_python",
 ]
@@ -69,6 +70,16 @@ class FunctionReducer(MetricReducer):
     def cross_slot_reduce(self, per_slot_metrics: list[Any]) -> Any:
         flat = [v for slot in per_slot_metrics for v in slot]
         return self._fn(flat)
+
+
+def as_metric_reducer(reducer: Callable[[list[Any]], Any] | MetricReducer) -> MetricReducer:
+    """What ``wrap_reducer`` takes, as a MetricReducer: a function is adapted; anything else
+    is refused in one line."""
+    if isinstance(reducer, MetricReducer):
+        return reducer
+    if not callable(reducer):
+        raise TypeError(f"wrap_reducer takes a function or a MetricReducer, got {reducer!r}")
+    return FunctionReducer(reducer)
 
 
 def to_python(value: Any) -> Any:

@@ -20,7 +20,7 @@ from torch import nn
 from det_tasks import cluster_info
 from det_tasks.distributed import DistributedContext
 from det_tasks.errors import TrialError
-from det_tasks.pytorch._api.reducer import FunctionReducer, MetricReducer, to_python
+from det_tasks.pytorch._api.reducer import MetricReducer, as_metric_reducer, to_python
 from det_tasks.pytorch._data.loader import to_device
 from det_tasks.pytorch.experimental._job_services import BatchJobServices
 
@@ -135,12 +135,7 @@ class TorchBatchProcessorContext:
         self, reducer: Callable[[list[Any]], Any] | MetricReducer, name: str | None = None
     ) -> MetricReducer:
         """A reducer whose result is reported (as validation metrics) when the job ends."""
-        if not isinstance(reducer, MetricReducer):
-            if not callable(reducer):
-                raise TypeError(
-                    f"wrap_reducer takes a function or a MetricReducer, got {reducer!r}"
-                )
-            reducer = FunctionReducer(reducer)
+        reducer = as_metric_reducer(reducer)
         self._wrapped_reducers.append(reducer)
         self._reducer_names.append(name)
         return reducer

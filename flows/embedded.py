@@ -33,6 +33,7 @@ from det_tasks.home import (
     no_server_recording,
     warm_record,
 )
+from registry.servers.database_templates import PREFECT_TEMPLATE
 from registry.servers.shared_database import create_once
 
 __all__ = [
@@ -182,7 +183,7 @@ def start_shielded_prefect_server() -> None:
     if database is None:
         _start_ephemeral_server()
     else:  # the first start in a fresh home creates the schema; others wait for it
-        create_once(database, _start_ephemeral_server)
+        create_once(database, _start_ephemeral_server, PREFECT_TEMPLATE)
         _start_ephemeral_server()  # no-op when create_once just started it
 
 
@@ -284,7 +285,7 @@ class EmbeddedPrefectServer:
             if self.database is None:
                 self._spawn_and_wait()
             else:  # the first start in a fresh home creates the schema; others wait for it
-                create_once(self.database, self._spawn_and_wait)
+                create_once(self.database, self._spawn_and_wait, PREFECT_TEMPLATE)
                 if self.process is None:
                     self._spawn_and_wait()
         except BaseException as err:

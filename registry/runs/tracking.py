@@ -35,6 +35,7 @@ from registry.runs.trials_view import (
     searched_hparams,
     trials_view_tag,
 )
+from registry.servers.database_templates import MLFLOW_TEMPLATE
 from registry.servers.shared_database import create_once
 
 __all__ = [
@@ -92,7 +93,7 @@ def client_for(tracking_uri: str) -> MlflowClient:
         # Several experiments started at once in a fresh home would race to create the
         # schema (one fails); the first creates it, the others wait for it.
         database = Path(tracking_uri.removeprefix("sqlite:///"))
-        create_once(database, lambda: _create_schema(tracking_uri))
+        create_once(database, lambda: _create_schema(tracking_uri), MLFLOW_TEMPLATE)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -13,6 +13,8 @@ import fcntl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from registry.servers.database_templates import DatabaseTemplate
+
 __all__ = ["create_once", "exclusive"]
 
 
@@ -29,14 +31,22 @@ def exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def create_once(database: Path, create: Callable[[], None]) -> None:
+def create_once(
+    database: Path, create: Callable[[], None], template: DatabaseTemplate | None = None
+) -> None:
     """Run ``create`` (which makes ``database`` usable) unless a marker says it already
-    was; concurrent callers wait for the first one instead of racing it."""
+    was; concurrent callers wait for the first one instead of racing it. With a
+    ``template``, a database not there yet starts as a copy of the installation's template
+    of that schema (``create`` then finds its migrations done), and the first one built
+    without it becomes that template."""
     marker = database.with_name(database.name + ".ready")
     if marker.exists():
         return
     with exclusive(database.with_name(database.name + ".lock")):
         if marker.exists():
             return
+        seeded = template is not None and template.seed(database)
         create()
+        if template is not None and not seeded:
+            template.save(database)
         marker.touch()

@@ -37,13 +37,12 @@ from cluster.reconnect import (
     register_plugins,
     send_promptly,
 )
-from cluster.worker_spec import NANNY_SETTINGS, WorkerSpec
+from cluster.worker_spec import NANNY_SETTINGS, QUIET_DIAGNOSTICS, WorkerSpec
 from det_tasks.cpu_threads import worker_share
 from det_tasks.errors import ConfigError
 
 __all__ = [
     "CLIENT_SEND_INTERVAL_S",
-    "QUIET_DIAGNOSTICS",
     "SCHEDULER_ENV",
     "background_cluster",
     "dask_client",
@@ -126,13 +125,6 @@ def _warm_forkserver() -> None:
     warm_forkserver.configure(get_mp_context())  # after Dask has set its own list
 
 
-# The embedded cluster's Dask diagnostics, slowed or off (see embedded_cluster): the tick
-# still catches a blocked event loop, within a second instead of 20 ms.
-QUIET_DIAGNOSTICS: dict[str, Any] = {
-    "distributed.admin.tick.interval": "1s",
-    "distributed.admin.system-monitor.interval": "5s",
-    "distributed.worker.profile.enabled": False,
-}
 WORKER_MEMORY_ENV = "DET_TASKS_WORKER_MEMORY_MB"
 # A warm CPU worker holding the MNIST example measured 0.40-0.45 GB (torch, the clients, the
 # trial); user models are bigger, so a user with one sets the variable.
@@ -199,11 +191,8 @@ def embedded_cluster(n_workers: int, gpu_slots: int = 1, port: int = 0) -> Itera
         # for an idle worker would only force a restore.
         "distributed.scheduler.work-stealing": False,
         "distributed.worker.multiprocessing-method": "forkserver",
-        # Diagnostics for a dashboard nobody opens (its address is a random port): the
-        # event-loop tick every 20 ms, the statistical profiler every 10 ms and psutil
-        # every 0.5 s, in the scheduler and each worker: off or slowed, a 55-s experiment of
-        # a sleeping trial took 33.6 CPU-seconds instead of 45.0 (medians of 3, side by side,
-        # on the 2-core VM; docs/performance.md).
+        # Dask's dashboard diagnostics, slowed or off (cluster.worker_spec): nobody opens
+        # this cluster's dashboard (a random port).
         **QUIET_DIAGNOSTICS,
         # Non-daemonic workers (cluster.worker_spec): each Nanny reads it as it starts.
         **NANNY_SETTINGS,

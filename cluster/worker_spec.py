@@ -18,10 +18,12 @@ from det_tasks.cpu_threads import WORKER_THREADS_ENV
 
 __all__ = [
     "NANNY_SETTINGS",
+    "QUIET_DIAGNOSTICS",
     "NO_MEMORY_LIMIT",
     "STEPS_AT_ONCE",
     "WORKER_DAEMON_ENV",
     "WorkerSpec",
+    "quiet_diagnostics_env",
 ]
 
 # Dask's default memory limit is the host's RAM / workers, and a worker past 80% of it is
@@ -38,6 +40,28 @@ STEPS_AT_ONCE = 1
 # embedded cluster's), or as WORKER_DAEMON_ENV in the ``dask worker`` command's environment.
 NANNY_SETTINGS: dict[str, Any] = {"distributed.worker.daemon": False}
 WORKER_DAEMON_ENV = "DASK_DISTRIBUTED__WORKER__DAEMON"
+# Dask's diagnostics for its dashboard, slowed or off in our schedulers and workers: the
+# event-loop tick every 20 ms (now 1 s: a blocked loop is still caught, within a second),
+# psutil every 0.5 s (now 5 s) and the statistical profiler every 10 ms (off: the
+# dashboard's Profile tab stays empty). An idle stack's Dask processes (a scheduler, two
+# nannies and their workers) used 6.1 CPU-seconds in 30 s with them, 1.2 without, and the
+# embedded cluster of a 55-s experiment 11 CPU-seconds more (docs/performance.md). The
+# environment (DASK_DISTRIBUTED__...) of a stack's commands can turn each back on.
+QUIET_DIAGNOSTICS: dict[str, Any] = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.profile.enabled": False,
+}
+
+
+def quiet_diagnostics_env(environ: dict[str, str]) -> dict[str, str]:
+    """QUIET_DIAGNOSTICS as the environment a ``dask`` command reads, leaving any of them
+    ``environ`` already sets as it is."""
+    quiet = {
+        "DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+        for key, value in QUIET_DIAGNOSTICS.items()
+    }
+    return {name: environ.get(name, value) for name, value in quiet.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.pools import DEFAULT_POOL, POOL_ENV
-from cluster.worker_spec import WorkerSpec
+from cluster.worker_spec import WorkerSpec, quiet_diagnostics_env
 from det_tasks.cpu_threads import worker_share
 from infra.services import Service, port_open
 
@@ -75,6 +75,7 @@ def scheduler_service(
         root,
         # Steps are placed where their trial is held: no work stealing.
         env={
+            **quiet_diagnostics_env(dict(os.environ)),
             "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
             "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
             ROUTES_ENV: repr(route_modules()),
@@ -129,6 +130,7 @@ def worker_service(
         env={
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
+            **quiet_diagnostics_env(dict(os.environ)),
             **spec_env,  # its threads, and non-daemonic (cluster.worker_spec)
             **(env or {}),
             **own_gpus,

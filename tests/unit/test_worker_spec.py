@@ -146,3 +146,38 @@ def test_an_embedded_cpu_worker_is_the_stack_worker_less_pool_and_preload(
         "preload": ["cluster.held_trials"],
     }
     assert embedded == {"nthreads": 1, "memory_limit": 0, "env": {WORKER_THREADS_ENV: "4"}}
+
+
+def test_the_quiet_diagnostics_reach_dask_as_settings_and_a_users_own_value_stays() -> None:
+    """The stack's dask commands read QUIET_DIAGNOSTICS from their environment: each name
+    is one Dask parses to the same setting, and one the user set is kept."""
+    import dask.config
+
+    from cluster.worker_spec import QUIET_DIAGNOSTICS, quiet_diagnostics_env
+
+    parsed = dask.config.collect_env(quiet_diagnostics_env({}))
+    for key, value in QUIET_DIAGNOSTICS.items():
+        section: object = parsed
+        for part in key.split("."):
+            assert isinstance(section, dict)
+            section = section.get(part, section.get(part.replace("-", "_")))
+        assert section == value, key
+    own = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "True"}
+    assert quiet_diagnostics_env(own)["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "True"
+
+
+def test_the_embedded_cluster_runs_with_the_quiet_diagnostics() -> None:
+    """Asked in a worker of the embedded cluster itself: the settings, and no profiler."""
+    from distributed import get_worker
+
+    from cluster.startup import background_cluster, dask_client
+
+    def settings() -> tuple[object, object, bool]:
+        return (
+            dask.config.get("distributed.admin.tick.interval"),
+            dask.config.get("distributed.admin.system-monitor.interval"),
+            "profile" in get_worker().periodic_callbacks,
+        )
+
+    with background_cluster(1), dask_client(1) as client:
+        assert client.submit(settings, pure=False).result() == ("1s", "5s", False)

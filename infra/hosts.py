@@ -191,6 +191,7 @@ def up(config: HostsConfig, register: bool = False) -> Hosts:
     reason = netns.missing_requirements()
     if reason:
         raise NetnsError(reason)
+    netns.remove_abandoned(config.network)  # a killed run's network: nothing runs in it
     taken = netns.leftovers(config.network)
     if taken:  # another cluster's: refused before the try, whose cleanup would remove it
         raise NetnsError(

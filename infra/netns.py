@@ -12,6 +12,7 @@ process left behind. Needs root and iproute2's ``ip`` (``missing_requirements`` 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 __all__ = [
     "Network",
     "NetnsError",
+    "abandoned",
     "create",
     "destroy",
     "host_argv",
@@ -32,8 +34,11 @@ __all__ = [
     "leftovers",
     "missing_requirements",
     "namespace_pids",
+    "remove_abandoned",
     "set_link",
 ]
+
+_logger = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^[a-z][a-z0-9]{0,5}$")  # leaves room for "<prefix>199-r" in 15 chars
 _SUBNET = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
@@ -152,6 +157,24 @@ def _links(net: Network) -> list[str]:
 def leftovers(net: Network) -> list[str]:
     """Namespaces and links of ``net``'s prefix that exist now (empty after ``destroy``)."""
     return [f"namespace {n}" for n in _namespaces(net)] + [f"link {n}" for n in _links(net)]
+
+
+def abandoned(net: Network) -> bool:
+    """Whether ``net``'s prefix has host namespaces and not one process in any of them: a
+    cluster whose owner was killed before it could remove them (a SIGKILLed or timed-out
+    run), which nothing can be using. A bridge alone is not (a cluster being made)."""
+    namespaces = _namespaces(net)
+    return bool(namespaces) and not any(namespace_pids(ns) for ns in namespaces)
+
+
+def remove_abandoned(net: Network) -> None:
+    """Remove what a killed cluster of ``net``'s prefix left (``abandoned``), saying so;
+    leave a live one alone, for the caller to refuse."""
+    if abandoned(net):
+        _logger.warning(
+            "removing %s, left by a cluster that is no longer running", ", ".join(leftovers(net))
+        )
+        destroy(net)
 
 
 def namespace_pids(namespace: str) -> list[int]:

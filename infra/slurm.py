@@ -315,6 +315,7 @@ def up(site: SlurmSite) -> dict[str, str]:
     reason = missing_requirements()
     if reason:
         raise NetnsError(reason)
+    netns.remove_abandoned(site.network)  # a killed run's network: nothing runs in it
     taken = netns.leftovers(site.network)
     if taken:
         raise NetnsError(

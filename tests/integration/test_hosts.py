@@ -160,6 +160,33 @@ def test_down_removes_every_namespace_link_and_process(tmp_path: Path) -> None:
     assert proc.wait(timeout=10) == -signal.SIGKILL
 
 
+def test_a_killed_clusters_empty_network_is_removed_and_a_live_one_kept(tmp_path: Path) -> None:
+    """What a run killed before its teardown leaves (CI stopped at its time limit: the
+    namespaces, empty): the next `up` removes it (netns.remove_abandoned). With a process
+    still on one of its hosts, it is someone's cluster, and it stays."""
+    config = hosts_config(tmp_path, prefix("k"), hosts=2, subnet=SPARE_SUBNET)
+    netns.create(config.network)
+    try:
+        assert netns.abandoned(config.network)
+        proc = subprocess.Popen(
+            netns.host_argv(
+                config.network, 2, config.hostname(2), str(tmp_path / "w"), [], ["sleep", "600"]
+            )
+        )
+        deadline = time.monotonic() + 10
+        while not netns.namespace_pids(config.network.namespace(2)):
+            assert time.monotonic() < deadline, "the host's process did not start"
+            time.sleep(0.1)
+        netns.remove_abandoned(config.network)
+        assert len(netns.leftovers(config.network)) == 5  # kept: a host runs a process
+        netns.kill_host(config.network, 2)
+        proc.wait(timeout=10)
+        netns.remove_abandoned(config.network)
+        assert netns.leftovers(config.network) == []
+    finally:
+        netns.destroy(config.network)
+
+
 @pytest.mark.slow
 def test_sigterm_while_starting_removes_everything(tmp_path: Path) -> None:
     """`python -m infra.hosts up` stopped by SIGTERM while its services start: it exits,

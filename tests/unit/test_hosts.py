@@ -126,3 +126,38 @@ def test_up_refuses_a_prefix_in_use_and_leaves_that_cluster_alone(
     with pytest.raises(netns.NetnsError, match="link dth-br already exist: a cluster with prefix"):
         hosts.up(config)
     assert removed == []
+
+
+def test_up_removes_a_killed_clusters_empty_namespaces_and_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed before its teardown (CI's time limit) left the prefix's namespaces with
+    no process in them: the next `up` removes them, says so, and builds its own."""
+    calls: list[str] = []
+    left = ["namespace dth1", "namespace dth2", "link dth-br"]
+    monkeypatch.setattr(netns, "missing_requirements", lambda: None)
+    monkeypatch.setattr(netns, "_namespaces", lambda net: [n.split()[1] for n in left[:2]])
+    monkeypatch.setattr(netns, "namespace_pids", lambda ns: [])
+    monkeypatch.setattr(netns, "leftovers", lambda net: list(left))
+    monkeypatch.setattr(netns, "destroy", lambda net: (calls.append("destroy"), left.clear()))
+    monkeypatch.setattr(netns, "create", lambda net: calls.append("create"))
+    monkeypatch.setattr(hosts.stack, "up", lambda config, register: {})
+    monkeypatch.setattr(hosts, "start_all", lambda services: calls.append("workers"))
+    config = hosts.HostsConfig.on(tmp_path, Network(), StackConfig(root=tmp_path))
+    hosts.up(config)
+    assert calls == ["destroy", "create", "workers"]
+
+
+def test_up_leaves_a_cluster_with_a_process_on_a_host_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    removed: list[str] = []
+    monkeypatch.setattr(netns, "missing_requirements", lambda: None)
+    monkeypatch.setattr(netns, "_namespaces", lambda net: ["dth1", "dth2"])
+    monkeypatch.setattr(netns, "namespace_pids", lambda ns: [4242] if ns == "dth2" else [])
+    monkeypatch.setattr(netns, "leftovers", lambda net: ["namespace dth1", "namespace dth2"])
+    monkeypatch.setattr(netns, "destroy", lambda net: removed.append("destroy"))
+    config = hosts.HostsConfig.on(tmp_path, Network(), StackConfig(root=tmp_path))
+    with pytest.raises(netns.NetnsError, match="already exist: a cluster with prefix"):
+        hosts.up(config)
+    assert removed == []

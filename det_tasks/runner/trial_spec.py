@@ -58,7 +58,10 @@ def holdable(config: ExperimentConfig) -> str | None:
     """None if the experiment's trials can be held in one process; else why not (script
     entrypoints and multi-process trials train whole segments in their own processes)."""
     if not config.is_trial_class_entrypoint:
-        return "its entrypoint is a script (Trainer API), which runs a whole segment at once"
+        return (
+            "its entrypoint is a script (Trainer API or Core API), which runs a whole segment "
+            "at once in its own process"
+        )
     if config.resources.slots_per_trial > 1:
         return (
             f"resources.slots_per_trial={config.resources.slots_per_trial} needs a process per "

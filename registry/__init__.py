@@ -13,7 +13,8 @@ directly). det_tasks never imports this package: it reaches it through the entry
 points named in pyproject.toml (checkpoint resolvers, run services, unmanaged runs,
 batch-job services, the trial-id resolver and ``det-tasks`` subcommands) and the
 MetricsSink / CheckpointStore interfaces. ``registry.servers.shared_database`` (creating a
-shared local database once) serves the flows' Prefect database too.
+shared local database once, from this installation's template of its schema:
+``database_templates``) serves the flows' Prefect database too.
 """
 
 __all__: list[str] = []

@@ -11,6 +11,8 @@ command with it.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from cluster.pools import POOL_RESOURCE_PREFIX
@@ -54,9 +56,9 @@ QUIET_DIAGNOSTICS: dict[str, Any] = {
 }
 
 
-def quiet_diagnostics_env(environ: dict[str, str]) -> dict[str, str]:
+def quiet_diagnostics_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """QUIET_DIAGNOSTICS as the environment a ``dask`` command reads, leaving any of them
-    ``environ`` already sets as it is."""
+    ``environ`` (this process's) already sets as it is."""
     quiet = {
         "DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
         for key, value in QUIET_DIAGNOSTICS.items()

@@ -75,7 +75,7 @@ def scheduler_service(
         root,
         # Steps are placed where their trial is held: no work stealing.
         env={
-            **quiet_diagnostics_env(dict(os.environ)),
+            **quiet_diagnostics_env(),
             "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
             "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
             ROUTES_ENV: repr(route_modules()),
@@ -130,7 +130,7 @@ def worker_service(
         env={
             "DET_TASKS_CACHE_DIR": str(folder / "cache"),
             "TMPDIR": str(_mkdir(folder / "tmp")),
-            **quiet_diagnostics_env(dict(os.environ)),
+            **quiet_diagnostics_env(),
             **spec_env,  # its threads, and non-daemonic (cluster.worker_spec)
             **(env or {}),
             **own_gpus,

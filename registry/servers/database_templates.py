@@ -25,21 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MLFLOW_TEMPLATE", "PREFECT_TEMPLATE", "DatabaseTemplate", "templates_enabled"]
+from registry.servers.settings import cache_dir
+
+__all__ = ["MLFLOW_TEMPLATE", "PREFECT_TEMPLATE", "DatabaseTemplate"]
 
 _logger = logging.getLogger(__name__)
 
 SWITCH_ENV = "DET_TASKS_DATABASE_TEMPLATES"
-
-
-def templates_enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "1") != "0"
-
-
-def _cache_dir() -> Path:
-    return Path(
-        os.environ.get("DET_TASKS_CACHE_DIR") or Path.home() / ".cache" / "det_tasks"
-    ).expanduser()
 
 
 @dataclass(frozen=True)
@@ -53,13 +45,13 @@ class DatabaseTemplate:
     def path(self) -> Path | None:
         """Where this installation keeps the template (None: templates are off, or the
         package is not installed)."""
-        if not templates_enabled():
+        if os.environ.get(SWITCH_ENV, "1") == "0":
             return None
         try:
             version = importlib.metadata.version(self.package)
         except importlib.metadata.PackageNotFoundError:
             return None
-        return _cache_dir() / "database-templates" / f"{self.package}-{version}.sqlite"
+        return cache_dir() / "database-templates" / f"{self.package}-{version}.sqlite"
 
     def seed(self, database: Path) -> bool:
         """Put a copy of the template at ``database`` when nothing is there yet; whether it

@@ -19,9 +19,14 @@ from pathlib import Path
 
 from det_tasks.errors import ConfigError
 
-__all__ = ["DEFAULT_SYSTEM_METRICS_INTERVAL_S", "RegistrySettings"]
+__all__ = ["DEFAULT_SYSTEM_METRICS_INTERVAL_S", "RegistrySettings", "cache_dir"]
 
 DEFAULT_SYSTEM_METRICS_INTERVAL_S = 1.0
+
+
+def cache_dir() -> Path:
+    """This installation's det-tasks cache (DET_TASKS_CACHE_DIR, else ~/.cache/det_tasks)."""
+    return Path(os.environ.get("DET_TASKS_CACHE_DIR") or Path.home() / ".cache" / "det_tasks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,14 +41,13 @@ class RegistrySettings:
 
     @classmethod
     def from_env(cls) -> RegistrySettings:
-        cache = os.environ.get("DET_TASKS_CACHE_DIR") or Path.home() / ".cache" / "det_tasks"
         return cls(
             tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
             s3_endpoint=os.environ.get("MLFLOW_S3_ENDPOINT_URL")
             or os.environ.get("AWS_ENDPOINT_URL"),
             bucket=os.environ.get("DET_TASKS_S3_BUCKET"),
             artifacts_destination=os.environ.get("DET_TASKS_MLFLOW_ARTIFACTS"),
-            cache_dir=Path(cache),
+            cache_dir=cache_dir(),
             artifact_root=os.environ.get("DET_TASKS_ARTIFACT_ROOT"),
             system_metrics_interval=_seconds(
                 "DET_TASKS_SYSTEM_METRICS_INTERVAL", DEFAULT_SYSTEM_METRICS_INTERVAL_S

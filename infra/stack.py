@@ -148,9 +148,12 @@ def mlflow_service(config: StackConfig) -> Service:
         # pings the replacement while it is still importing MLflow: on a 2-core host running
         # 32 trials, the CI's PostgreSQL load test saw one worker killed mid-response
         # (IncompleteRead in the flow) and then a restart loop every 6 s. Hung workers still
-        # get replaced, after 2 minutes.
+        # get replaced, after 2 minutes. uvloop: the sockets uvicorn's workers accept get
+        # TCP_NODELAY there; on asyncio they did not (uvicorn binds them with protocol 0, which
+        # asyncio's _set_nodelay skips), so each response's body, written after its headers,
+        # waited for the client's delayed ACK: ~40 ms on every kept-alive request.
         "--uvicorn-opts",
-        f"--timeout-worker-healthcheck {MLFLOW_WORKER_HEALTHCHECK_S}",
+        f"--loop uvloop --timeout-worker-healthcheck {MLFLOW_WORKER_HEALTHCHECK_S}",
     ]
     if config.auth:
         argv += ["--app-name", "basic-auth"]
@@ -166,6 +169,8 @@ def mlflow_service(config: StackConfig) -> Service:
     # MLflow 3 starts eight huey job consumers (GenAI judges, prompt optimisation) beside the
     # server by default: 1.4 GB of RAM and startup time for features no trial uses.
     server_env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+    # Nor does it forward the UI's usage telemetry (registry/__init__.py: the clients').
+    server_env["MLFLOW_DISABLE_TELEMETRY"] = os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")
     if config.auth:
         server_env["MLFLOW_AUTH_CONFIG_PATH"] = str(_mlflow_auth_config(config))
         server_env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = service_auth(config)["flask_secret_key"]
@@ -339,10 +344,20 @@ def deployments_current(config: StackConfig) -> bool:
 
 
 def _ensure_work_pool(config: StackConfig) -> None:
-    """The stack's process work pool, created once: one CLI call whether or not it exists."""
-    result = _prefect_cli(config, "work-pool", "create", POOL, "--type", "process", check=False)
-    said = result.stdout + result.stderr
-    if result.returncode != 0 and "already exists" not in said:
+    """The stack's process work pool, whose flow runs start Prefect's engine in this
+    interpreter with no supervisor before it (flows.work_pool): created, or its template
+    brought to that, in one call whether or not it exists."""
+    env = {**os.environ, **_prefect_env(config), **env_for(config)}
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.work_pool", POOL, "--python", sys.executable],
+        cwd=config.project_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        said = result.stdout + result.stderr
         raise ServiceError(f"could not create the work pool {POOL!r}:\n{said[-2000:]}")
 
 

@@ -17,4 +17,12 @@ shared local database once, from this installation's template of its schema:
 ``database_templates``) serves the flows' Prefect database too.
 """
 
+import os
+
+# MLflow sends usage telemetry from every client process unless MLFLOW_DISABLE_TELEMETRY or
+# DO_NOT_TRACK is "true" (flows sets DO_NOT_TRACK=1, Prefect's spelling, which MLflow does
+# not read). Off, like the stack's Prefect analytics, before this package imports MLflow,
+# unless the user set it either way.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 __all__: list[str] = []

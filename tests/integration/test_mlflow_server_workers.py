@@ -1,8 +1,11 @@
-"""The stack's MLflow server keeps a worker that is slow to answer uvicorn's health ping.
+"""The stack's MLflow server keeps a worker that is slow to answer uvicorn's health ping,
+and its workers run on uvloop.
 
 uvicorn's supervisor kills a worker that does not answer within 5 s by default, and pings
 the replacement while it is still importing MLflow: under a 32-trial load on 2 cores that
-killed a worker mid-response and then restarted workers every 6 s (CI, stop 22)."""
+killed a worker mid-response and then restarted workers every 6 s (CI, stop 22). On
+asyncio's loop the workers' sockets lacked TCP_NODELAY, which cost every request on a
+kept-alive connection ~40 ms (bench/mlflow_keepalive.py)."""
 
 from __future__ import annotations
 
@@ -34,3 +37,11 @@ def test_a_worker_silent_for_longer_than_uvicorns_default_healthcheck_is_kept(st
     assert silent.is_running() and silent.status() != psutil.STATUS_ZOMBIE
     assert sorted(p.pid for p in uvicorn_workers(stack)) == sorted(p.pid for p in workers)
     assert http_ok(f"{stack.mlflow_uri}/health")
+
+
+def test_the_workers_run_on_uvloop(stack):
+    workers = uvicorn_workers(stack)
+    assert workers
+    for worker in workers:
+        libraries = {m.path for m in worker.memory_maps()}
+        assert any("/uvloop/" in path for path in libraries), (worker.pid, worker.cmdline())

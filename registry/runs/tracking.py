@@ -196,10 +196,8 @@ class ExperimentRuns:
         if found:
             self.parent_run_id = found
         else:
-            self.parent_run_id = self._find_or_create(
-                {EXPERIMENT_RUN_TAG: run_key},
-                run_name=f"{experiment_name}-{run_key[:8]}",
-                tags=self._parent_tags(run_key),
+            self.parent_run_id = self._create(
+                run_name=f"{experiment_name}-{run_key[:8]}", tags=self._parent_tags(run_key)
             )
             _log_params(client, self.parent_run_id, _as_text(experiment_params(raw_config)))
 
@@ -219,8 +217,7 @@ class ExperimentRuns:
         run_id = self._find({TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id})
         if run_id:
             return run_id
-        run_id = self._find_or_create(
-            {TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id},
+        run_id = self._create(
             run_name=f"trial-{trial_id}",
             tags={TRIAL_TAG: trial_id, PARENT_TAG: self.parent_run_id, **tags},
         )
@@ -303,10 +300,9 @@ class ExperimentRuns:
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
         return runs[0].info.run_id if runs else None
 
-    def _find_or_create(self, match: dict[str, str], run_name: str, tags: dict[str, str]) -> str:
-        found = self._find(match)
-        if found:
-            return found
+    def _create(self, run_name: str, tags: dict[str, str]) -> str:
+        """A new run (its caller has just searched for it: searching again before creating
+        would only cost a call, not close the window between the two)."""
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         return str(run.info.run_id)
 

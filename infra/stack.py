@@ -11,6 +11,7 @@ puts this installation's ``det`` and ``det-tasks`` on PATH).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import secrets
@@ -124,6 +125,17 @@ def _mlflow_auth_config(config: StackConfig) -> Path:
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
     return path
+
+
+def check_mlflow_loop() -> None:
+    """MLflow's server runs on uvloop (mlflow_service): an environment installed before it
+    was a dependency lacks it, and the server would die at its start with a traceback in
+    its log. Say so before anything starts."""
+    if importlib.util.find_spec("uvloop") is None:
+        raise ServiceError(
+            f"uvloop is not installed in {sys.prefix}, and the stack's MLflow server runs on it: "
+            "run `make install` (or `pip install -e '.[platform]'`), then start the stack again"
+        )
 
 
 def mlflow_service(config: StackConfig) -> Service:
@@ -362,6 +374,7 @@ def up(
     Services that do not need each other start side by side: on a 2-core host a stack
     spends most of its start waiting on imports and health checks, not on one CPU."""
     config = config or StackConfig.from_env()
+    check_mlflow_loop()
     seaweed = seaweed_service(config)
     ports = [config.s3_port, config.master_port, config.volume_port, config.filer_port]
     grpc = [p + config.seaweed_grpc_shift for p in ports]

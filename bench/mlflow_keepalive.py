@@ -20,7 +20,6 @@ import argparse
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,48 +31,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.mlflow_server import mlflow_server
+
 LOOPS = ("asyncio", "uvloop")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def mlflow_server(root: Path, loop: str) -> tuple[subprocess.Popen[bytes], str]:
+def stack_like_server(root: Path, loop: str) -> tuple[subprocess.Popen[bytes], str]:
     """An MLflow server as the stack starts it (two uvicorn workers), on event loop ``loop``."""
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-            "--port", str(port), "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root", str(root / "artifacts"), "--workers", "2",
-            "--uvicorn-opts", f"--loop {loop} --timeout-worker-healthcheck 120",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its group is stopped as a whole
-    )  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def ready(uri: str) -> Any:
-    """A client of the server at ``uri`` once it answers."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            client.search_experiments(max_results=1)
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    opts = f"--loop {loop} --timeout-worker-healthcheck 120"
+    return mlflow_server(root, "--workers", "2", "--uvicorn-opts", opts)
 
 
 def calls(client: Any) -> dict[str, Callable[[], Any]]:
@@ -93,17 +59,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
+    from mlflow.tracking import MlflowClient
+
     servers: list[subprocess.Popen[bytes]] = []
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="mlflow-keepalive-") as folder:
         try:
-            uris = {}
+            kinds = {}
             for loop in LOOPS:
                 root = Path(folder) / loop
                 root.mkdir()
-                proc, uris[loop] = mlflow_server(root, loop)
+                proc, uri = stack_like_server(root, loop)
                 servers.append(proc)
-            kinds = {loop: calls(ready(uri)) for loop, uri in uris.items()}
+                kinds[loop] = calls(MlflowClient(uri))
             before = os.getloadavg()[0]
             for _ in range(args.rounds):
                 for loop in LOOPS:

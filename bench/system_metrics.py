@@ -12,9 +12,7 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,44 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.mlflow_server import mlflow_server
 from registry.metrics.system_metrics import start_system_metrics
 from registry.servers.settings import RegistrySettings
 
 INTERVALS = (0.0, 10.0, 2.0, 1.0, 0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def mlflow_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-            "--port", str(port), "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root", str(root / "artifacts"), "--workers", "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its group is stopped as a whole
-    )  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    from mlflow.tracking import MlflowClient
-
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            MlflowClient(uri).search_experiments(max_results=1)
-            return proc, uri
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def step_times(seconds: float) -> list[float]:
@@ -120,7 +85,7 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with tempfile.TemporaryDirectory() as tmp:
-        proc, uri = mlflow_server(Path(tmp))
+        proc, uri = mlflow_server(Path(tmp), "--workers", "1")
         try:
             results: dict[float, list[dict[str, float]]] = {i: [] for i in INTERVALS}
             for _ in range(args.repeats):  # interleaved: load changes hit all alike

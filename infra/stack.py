@@ -356,10 +356,21 @@ def deployments_current(config: StackConfig) -> bool:
 
 
 def _ensure_work_pool(config: StackConfig) -> None:
-    """The stack's process work pool, created once: one CLI call whether or not it exists."""
-    result = _prefect_cli(config, "work-pool", "create", POOL, "--type", "process", check=False)
-    said = result.stdout + result.stderr
-    if result.returncode != 0 and "already exists" not in said:
+    """The stack's process work pool, whose flow runs start Prefect's engine in one
+    interpreter of this installation, in a session of its own (flows.work_pool,
+    flows.engine_session): created, or its template brought to that, in one call whether
+    or not it exists."""
+    env = {**os.environ, **_prefect_env(config), **env_for(config)}
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.work_pool", POOL, "--python", sys.executable],
+        cwd=config.project_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        said = result.stdout + result.stderr
         raise ServiceError(f"could not create the work pool {POOL!r}:\n{said[-2000:]}")
 
 

@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import psutil
 
@@ -38,7 +38,9 @@ __all__ = [
     "TrialProcesses",
     "end_processes",
     "is_guard",
+    "mark_what_this_process_starts",
     "own_trial_processes",
+    "start_guard",
     "trial_processes",
 ]
 
@@ -114,6 +116,33 @@ def _running(process: psutil.Process) -> bool:
     return False
 
 
+def mark_what_this_process_starts() -> str:
+    """Add this process's mark to ``OWNERS_ENV``, which every process it starts from now on
+    inherits (with their own children); returns the mark, for :func:`start_guard`."""
+    me = psutil.Process()
+    mark = f"{me.pid}-{me.create_time():.3f}"
+    owners = [m for m in os.environ.get(OWNERS_ENV, "").split(",") if m]
+    os.environ[OWNERS_ENV] = ",".join([*owners, mark])
+    return mark
+
+
+def start_guard(mark: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes] | None:
+    """Start the guard (``det_tasks.runner.trial_guard``) of this process: once it is gone,
+    however it ended, the guard ends what is still running with ``mark``. None, with a
+    warning, when it cannot start: what this process started then still ends with it when
+    it exits cleanly, just not when it is killed."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", GUARD_MODULE, str(os.getpid()), mark],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+            env=None if env is None else dict(env),
+        )
+    except OSError as err:
+        logger.warning("no guard for this process's processes (%s)", err)
+        return None
+
+
 class TrialProcesses:
     """The processes the trials of this process start, ended with each trial."""
 
@@ -125,19 +154,7 @@ class TrialProcesses:
     def start(cls) -> TrialProcesses:
         """Make this process a subreaper, mark what it starts, and start its guard."""
         become_subreaper()
-        me = psutil.Process()
-        mark = f"{me.pid}-{me.create_time():.3f}"
-        owners = [m for m in os.environ.get(OWNERS_ENV, "").split(",") if m]
-        os.environ[OWNERS_ENV] = ",".join([*owners, mark])
-        guard = None
-        try:
-            guard = subprocess.Popen(
-                [sys.executable, "-m", GUARD_MODULE, str(me.pid), mark],
-                stdin=subprocess.PIPE,
-                close_fds=True,
-            )
-        except OSError as err:  # the trial's processes still end with it, not with a kill
-            logger.warning("no guard for this process's trials (%s)", err)
+        guard = start_guard(mark_what_this_process_starts())
         processes = cls(guard)
         processes.begin()
         return processes

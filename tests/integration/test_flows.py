@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from det_tasks import ConfigError, pytorch
-from infra.stack import deploy
+from flows.work_pool import engine_command
+from infra.stack import POOL, deploy
 from registry.checkpoints.models import best_checkpoint, register_checkpoint, trial_runs
 from registry.checkpoints.store import checkpoint_records
 from registry.runs.tracking import client_for
@@ -41,9 +42,16 @@ def parent_and_trials(experiment_name: str, run_key: str):
 
 
 def test_deployment_run_experiment_const_through_server_and_worker(stack):
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     deploy(stack)
+    # The stack's pool starts each flow run's engine itself, in the stack's interpreter, in
+    # a session of its own, with no workspace supervisor before it (flows.work_pool,
+    # flows.engine_session): the run below goes that way.
+    with get_client(sync_client=True) as prefect:
+        template = prefect.read_work_pool(POOL).base_job_template
+    assert template["variables"]["properties"]["command"]["default"] == engine_command()
     flow_run = run_deployment(
         "experiment/const",
         parameters={

@@ -4,8 +4,8 @@ interpreter, in a session of its own, with a guard for what it starts.
 Left to itself, Prefect 3.8's process worker starts each flow run as two interpreters one
 after the other: its workspace supervisor (``prefect.runner._workspace_supervisor``), which
 imports Prefect, runs the deployment's pull step, moves to a session of its own and then
-``exec``s ``python -m prefect.engine``, which imports Prefect again (about 1.4 s of an idle
-2-core VM's time to the first batch, docs/performance.md). With a ``command`` in the pool's
+``exec``s ``python -m prefect.engine``, which imports Prefect again (1.1-1.2 s of the time to
+the first batch on an idle 2-core VM, docs/performance.md). With a ``command`` in the pool's
 job template, the worker starts that command alone, and the engine runs the pull step
 itself as it loads the flow; but in the worker's own process group, and a cancel then
 signals its pid alone. ``python -m flows.engine_session``, the command ``flows.work_pool``

@@ -24,7 +24,9 @@ gives the stack's pool, keeps what the supervisor gave and drops the second star
   exit status are the engine's, with nothing between them.
 
 The guard gets the environment without Prefect's flow-run variables: the flow run's
-process is the one process that carries ``PREFECT__FLOW_RUN_ID``.
+process is the one process that carries ``PREFECT__FLOW_RUN_ID``. It watches from its own
+start on (an interpreter start, about 0.1 s idle): a flow run killed before that has
+started nothing yet that it would have to end.
 """
 
 from __future__ import annotations

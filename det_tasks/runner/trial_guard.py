@@ -41,10 +41,7 @@ def guard(pid: int, mark: str) -> int:
         runner = psutil.Process(pid)
         watch = os.pidfd_open(pid)
     except (psutil.Error, OSError):
-        # Gone before this guard could watch it (it died as it started): nothing of it was
-        # noted, but what it started carries its mark.
-        end_processes(_left({}, set(), mark))
-        return 0
+        return 0  # gone already: nothing of it was noted
     kept: set[Key] = set()
     seen: dict[Key, psutil.Process] = {}
     stdin: int | None = sys.stdin.fileno()

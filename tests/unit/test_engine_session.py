@@ -36,9 +36,17 @@ STANDIN = textwrap.dedent(
         json.dump(seen, f)
     os.rename(report + ".tmp", report)
     if mode == "exit":
-        while len([p for p in __import__("psutil").process_iter(["cmdline"])
-                   if marker in (p.info["cmdline"] or [])]) < 3:  # this, helper, worker
-            time.sleep(0.05)
+        import psutil
+        def watched():  # by the guard: its pidfd is open
+            for child in psutil.Process().children():
+                if "det_tasks.runner.trial_guard" in child.cmdline():
+                    fds = "/proc/%d/fd" % child.pid
+                    return any(os.readlink(os.path.join(fds, fd)) == "anon_inode:[pidfd]"
+                               for fd in os.listdir(fds))
+            return False
+        while len([p for p in psutil.process_iter(["cmdline"])
+                   if marker in (p.info["cmdline"] or [])]) < 3 or not watched():
+            time.sleep(0.05)  # this, the helper, its worker; and the guard watching
         raise SystemExit(3)
     time.sleep(1000)
     """
@@ -87,15 +95,22 @@ def _wait(predicate, timeout_s: float, what: str):
 
 
 def _guard(session_pid: int) -> psutil.Process:
+    """The session's guard, once it watches the session (its pidfd is open): a process
+    killed before its guard could watch it leaves what it started behind."""
+
+    def watching(guard: psutil.Process) -> bool:
+        fds = Path(f"/proc/{guard.pid}/fd")
+        return any(os.readlink(fd) == "anon_inode:[pidfd]" for fd in fds.iterdir())
+
     def find():
         with_guard = [
             c
             for c in psutil.Process(session_pid).children()
             if "det_tasks.runner.trial_guard" in c.cmdline()
         ]
-        return with_guard[0] if with_guard else None
+        return with_guard[0] if with_guard and watching(with_guard[0]) else None
 
-    return _wait(find, 30, "the session's guard")
+    return _wait(find, 60, "the session's guard watching it")
 
 
 def test_the_engine_runs_as_main_in_a_session_of_its_own_and_a_kill_takes_what_it_started(

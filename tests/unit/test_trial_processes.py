@@ -17,8 +17,6 @@ from pathlib import Path
 
 import psutil
 
-from det_tasks.runner.trial_processes import OWNERS_ENV
-
 REPO = Path(__file__).resolve().parents[2]
 
 # Run as `MARKER=... python -c RUNNER MODE`: a runner whose "trial" starts a helper that starts
@@ -158,28 +156,3 @@ def test_det_tasks_runs_processes_end_when_it_exits_with_an_error() -> None:
     assert out == ["4"], err
     assert _left(marker) == []  # ended before the process exited: nothing to wait for
     assert _settled(marker, runner) == []
-
-
-def test_a_guard_started_after_its_runner_died_still_ends_what_the_runner_marked() -> None:
-    """A runner that dies as it starts (before its guard could watch it) leaves nothing
-    noted, but what it started carries its mark: the guard ends those."""
-    marker = f"trial-processes-{uuid.uuid4().hex}"
-    runner = subprocess.Popen([sys.executable, "-c", "pass"])
-    runner.wait()
-    mark = f"{runner.pid}-0.000"
-    sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(1000)", marker],
-        env={**os.environ, OWNERS_ENV: mark},
-    )
-    try:
-        guard = subprocess.run(
-            [sys.executable, "-m", "det_tasks.runner.trial_guard", str(runner.pid), mark],
-            stdin=subprocess.DEVNULL,
-            cwd=REPO,
-            timeout=60,
-        )
-        assert guard.returncode == 0
-        assert sleeper.wait(timeout=10) == -15  # SIGTERM: it ended at the first ask
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()

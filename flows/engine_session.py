@@ -31,6 +31,7 @@ started nothing yet that it would have to end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
@@ -40,14 +41,11 @@ __all__ = ["ENGINE_MODULE", "enter_own_session", "guard_what_this_process_starts
 ENGINE_MODULE = "prefect.engine"
 
 
-def enter_own_session() -> bool:
-    """Leave the starter's session and process group; False where this process already
-    leads its group (started by hand from a shell, which gave it a group of its own)."""
-    try:
+def enter_own_session() -> None:
+    """Leave the starter's session and process group; where this process already leads its
+    group (started by hand from a shell, which gave it a group of its own), stay in it."""
+    with contextlib.suppress(PermissionError):
         os.setsid()
-    except PermissionError:
-        return False
-    return True
 
 
 def guard_what_this_process_starts() -> None:

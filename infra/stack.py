@@ -310,12 +310,14 @@ def _worker_ready(config: StackConfig, name: str = "prefect-worker") -> bool:
     return log.exists() and "started!" in log.read_text(errors="replace")
 
 
-def _prefect_cli(
-    config: StackConfig, *args: str, check: bool = True
+def _run_module(
+    config: StackConfig, module: str, *args: str, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` in this interpreter, against the stack (its Prefect and
+    service settings in the environment), from the checkout; output captured."""
     env = {**os.environ, **_prefect_env(config), **env_for(config)}
     return subprocess.run(
-        [sys.executable, "-m", "prefect", *args],
+        [sys.executable, "-m", module, *args],
         cwd=config.project_dir,
         env=env,
         capture_output=True,
@@ -338,7 +340,7 @@ DEPLOYED_STAMP = "deployed"  # prefect.yaml's fingerprint when its deployments w
 def _register_deployments(config: StackConfig) -> None:
     """``prefect deploy --all`` from the checkout; then the stamp that lets ``up`` skip it."""
     registering = deployments.fingerprint(config.project_dir)
-    result = _prefect_cli(config, "--no-prompt", "deploy", "--all", check=False)
+    result = _run_module(config, "prefect", "--no-prompt", "deploy", "--all", check=False)
     if result.returncode != 0:
         raise ServiceError(
             f"prefect deploy failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
@@ -360,15 +362,7 @@ def _ensure_work_pool(config: StackConfig) -> None:
     interpreter of this installation, in a session of its own (flows.work_pool,
     flows.engine_session): created, or its template brought to that, in one call whether
     or not it exists."""
-    env = {**os.environ, **_prefect_env(config), **env_for(config)}
-    result = subprocess.run(
-        [sys.executable, "-m", "flows.work_pool", POOL, "--python", sys.executable],
-        cwd=config.project_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _run_module(config, "flows.work_pool", POOL, "--python", sys.executable, check=False)
     if result.returncode != 0:
         said = result.stdout + result.stderr
         raise ServiceError(f"could not create the work pool {POOL!r}:\n{said[-2000:]}")

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.helpers import REPO, wait_for
 
 STANDIN = textwrap.dedent(
     """
@@ -36,17 +36,8 @@ STANDIN = textwrap.dedent(
         json.dump(seen, f)
     os.rename(report + ".tmp", report)
     if mode == "exit":
-        import psutil
-        def watched():  # by the guard: its pidfd is open
-            for child in psutil.Process().children():
-                if "det_tasks.runner.trial_guard" in child.cmdline():
-                    fds = "/proc/%d/fd" % child.pid
-                    return any(os.readlink(os.path.join(fds, fd)) == "anon_inode:[pidfd]"
-                               for fd in os.listdir(fds))
-            return False
-        while len([p for p in psutil.process_iter(["cmdline"])
-                   if marker in (p.info["cmdline"] or [])]) < 3 or not watched():
-            time.sleep(0.05)  # this, the helper, its worker; and the guard watching
+        while not os.path.exists(report + ".go"):  # the test saw the guard watching
+            time.sleep(0.05)
         raise SystemExit(3)
     time.sleep(1000)
     """
@@ -84,16 +75,6 @@ def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], str, Pat
     return session, marker, report
 
 
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _guard(session_pid: int) -> psutil.Process:
     """The session's guard, once it watches the session (its pidfd is open): a process
     killed before its guard could watch it leaves what it started behind."""
@@ -110,7 +91,7 @@ def _guard(session_pid: int) -> psutil.Process:
         ]
         return with_guard[0] if with_guard and watching(with_guard[0]) else None
 
-    return _wait(find, 60, "the session's guard watching it")
+    return wait_for(find, 60, "the session's guard watching it")
 
 
 def test_the_engine_runs_as_main_in_a_session_of_its_own_and_a_kill_takes_what_it_started(
@@ -118,7 +99,8 @@ def test_the_engine_runs_as_main_in_a_session_of_its_own_and_a_kill_takes_what_i
 ) -> None:
     session, marker, report = _start(tmp_path, "block")
     try:
-        seen = json.loads(_wait(lambda: report.exists() and report.read_text(), 60, "the report"))
+        written = wait_for(lambda: report.exists() and report.read_text(), 60, "the report")
+        seen = json.loads(written)
         # The worker's pid is the engine's: its signals and exit status reach the engine.
         assert seen["pid"] == session.pid
         assert seen["sid"] == session.pid and seen["pgid"] == session.pid
@@ -129,10 +111,10 @@ def test_the_engine_runs_as_main_in_a_session_of_its_own_and_a_kill_takes_what_i
         # The flow run's process is the one process that names the flow run.
         assert guard.environ().get("PREFECT__FLOW_RUN_ID") is None
         assert psutil.Process(session.pid).environ()["PREFECT__FLOW_RUN_ID"] == marker
-        _wait(lambda: len(_marked(marker)) == 2, 30, "the helper and its worker")
+        wait_for(lambda: len(_marked(marker)) == 2, 30, "the helper and its worker")
         session.send_signal(signal.SIGKILL)  # a cancel's escalation, the OOM killer
         assert session.wait(timeout=10) == -signal.SIGKILL
-        _wait(lambda: not _marked(marker), 15, "the helper and its worker to end")
+        wait_for(lambda: not _marked(marker), 15, "the helper and its worker to end")
         guard.wait(timeout=15)  # and the guard, after them
     finally:
         for process in _marked(marker):
@@ -142,10 +124,13 @@ def test_the_engine_runs_as_main_in_a_session_of_its_own_and_a_kill_takes_what_i
 
 
 def test_an_exit_keeps_its_status_and_ends_what_the_engine_left(tmp_path: Path) -> None:
-    session, marker, _ = _start(tmp_path, "exit")
+    session, marker, report = _start(tmp_path, "exit")
     try:
+        _guard(session.pid)
+        wait_for(lambda: len(_marked(marker)) == 2, 30, "the helper and its worker")
+        Path(f"{report}.go").touch()
         assert session.wait(timeout=60) == 3
-        _wait(lambda: not _marked(marker), 15, "the helper and its worker to end")
+        wait_for(lambda: not _marked(marker), 15, "the helper and its worker to end")
     finally:
         for process in _marked(marker):
             process.kill()
@@ -178,7 +163,7 @@ def test_a_signal_to_the_starters_group_does_not_reach_the_session(
     try:
         assert worker.stdout is not None
         session_pid = int(worker.stdout.readline())
-        _wait(report.exists, 60, "the report")
+        wait_for(report.exists, 60, "the report")
         os.killpg(worker.pid, signum)
         worker.wait(timeout=10)
         time.sleep(1)
@@ -187,6 +172,6 @@ def test_a_signal_to_the_starters_group_does_not_reach_the_session(
     finally:
         if session_pid:
             os.kill(session_pid, signal.SIGKILL)
-        _wait(lambda: not _marked(marker), 15, "the helper and its worker to end")
+        wait_for(lambda: not _marked(marker), 15, "the helper and its worker to end")
         if worker.poll() is None:
             worker.kill()

@@ -312,6 +312,7 @@ def hold_a_trial(label: str, env: dict[str, str], dask: Any) -> HeldTrial:
     from cluster.held_trials import PLUGIN_NAME, HeldTrialPlugin, StepRequest
     from cluster.steps import submit_step
     from det_tasks.checkpoints.model_package import pack_model_dir
+    from det_tasks.config.entered import enter_file
     from det_tasks.runner.held import TrialSpec
     from registry.experiments.packages import upload_package
     from registry.runs.tracking import ExperimentRuns, client_for
@@ -322,29 +323,31 @@ def hold_a_trial(label: str, env: dict[str, str], dask: Any) -> HeldTrial:
         package, _ = upload_package(pack_model_dir(FLOW_MODEL))
         raw = {**yaml.safe_load(text), "name": STEP_EXPERIMENT}
         runs = ExperimentRuns(client_for(env["MLFLOW_TRACKING_URI"]), STEP_EXPERIMENT, run_key, raw)
+    overrides = (
+        f"name={STEP_EXPERIMENT}",
+        "hyperparameters.sleep_s=0",
+        "scheduling_unit=1",
+        "searcher.max_length={batches: 100000}",
+    )
     spec = TrialSpec(
-        config_path=KILLABLE.name,  # replaced on the worker by the package's paths
-        model_dir="model",
-        overrides=(
-            f"name={STEP_EXPERIMENT}",
-            "hyperparameters.sleep_s=0",
-            "scheduling_unit=1",
-            "searcher.max_length={batches: 100000}",
-        ),
+        config_path=KILLABLE.name,
+        model_dir="model",  # replaced on the worker by the package's folder
+        overrides=overrides,
         trial_id=1,
         hparams={},
         experiment_run_key=run_key,
+        config=enter_file(KILLABLE, list(overrides)),  # entered once, here, as a flow does
     )
     first = StepRequest(
         trial=spec, kind="train", start=0, stop=WARMUP_BATCHES,
         parent_run_id=runs.parent_run_id, experiment_id=runs.experiment_id,
-        package=package, config_yaml=text,
+        package=package,
     )  # fmt: skip
     dask.register_plugin(HeldTrialPlugin(), name=PLUGIN_NAME)
     with dask.as_current():
         built = submit_step(first)
         held = HeldTrial(label, dask, first, built.worker, built.position)
-        submit_step(dataclasses.replace(first, kind="validate", start=held.position), held.worker)
+        submit_step(dataclasses.replace(first, kind="validate", start=held.position), [held.worker])
     return held
 
 
@@ -357,7 +360,7 @@ def timed_step(held: HeldTrial, kind: str) -> None:
     request = dataclasses.replace(held.first, kind=kind, start=held.position, stop=stop)
     with held.dask.as_current():
         began = time.perf_counter()
-        result = submit_step(request, held.worker)
+        result = submit_step(request, [held.worker])
         took = time.perf_counter() - began
     held.position = result.position
     held.cold += int(not result.warm or result.worker != held.worker)

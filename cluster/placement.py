@@ -1,7 +1,11 @@
-"""Which worker each trial's next step prefers (Dask worker restrictions, loose: if that
-worker is gone Dask runs the step elsewhere and the step restores the trial from its
+"""Which workers each trial's next step may start on (Dask worker restrictions, loose: if
+they are gone Dask runs the step elsewhere and the step restores the trial from its
 checkpoint). Dask does the scheduling; this only keeps a trial on the worker that holds it
-in memory, and off workers another experiment's active trial holds."""
+in memory, and off workers another experiment's active trial holds. A trial that has no
+worker of its own is given every suitable one and Dask starts it on the least busy: the
+scheduler sees every experiment's steps at once, so two flows placing a trial at the same
+moment are spread over two workers (each flow alone could only see what was already held,
+and both chose the same worker while the other stood idle)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ __all__ = ["Placement"]
 
 
 class Placement:
-    """Which worker each trial prefers: the one that holds it, while no other running
-    trial has claimed that worker; a trial starting a segment otherwise gets a worker no
-    running trial has claimed (Dask picks when every worker is claimed)."""
+    """Where each trial's segments may start: the worker that holds it, while no other
+    running trial has claimed it; otherwise the workers no running trial has claimed and
+    none of this experiment's other trials is held on (Dask starts it on the least busy),
+    else one that holds such a trial, else any (every worker is claimed: Dask chooses)."""
 
     def __init__(
         self,
@@ -34,6 +39,8 @@ class Placement:
         self.on_demand = on_demand
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
+        # Trials started on a choice of workers, until their step says which one ran it.
+        self.unplaced: dict[int, list[str]] = {}
         # Workers being recycled (cluster.recycling): given nothing until they are back.
         self.retiring: set[str] = set()
         self.gpus = any(w.get("resources", {}).get("GPU") for w in self._pool().values())
@@ -51,21 +58,28 @@ class Placement:
         """The pool's workers that can take a step now."""
         return [w for w in self._pool() if w not in self.retiring]
 
-    def claim(self, trial_id: int) -> str | None:
-        """A worker for the trial's next segment (None: let Dask choose)."""
+    def claim(self, trial_id: int) -> list[str] | None:
+        """The workers the trial's next segment may start on (None: any). Several only
+        where none holds a trial of this experiment: which of them is busy with another
+        experiment's step just submitted, only the scheduler knows."""
         workers = self.workers()
         home = self.home.get(trial_id)
         if home in workers and home not in self.claimed:
-            choice: str | None = home
-        else:
-            homes = set(self.home.values())
-            taken = self._held_by_other_experiments()
-            free = [w for w in workers if w not in self.claimed and w not in taken]
-            # Prefer a worker that holds no trial at all, then any unclaimed one.
-            free.sort(key=lambda w: w in homes)
-            choice = free[0] if free else None
-        if choice is not None:
-            self.claimed[choice] = trial_id
+            self.claimed[home] = trial_id
+            return [home]
+        taken = self._held_by_other_experiments()
+        free = [w for w in workers if w not in self.claimed and w not in taken]
+        others = {w for t, w in self.home.items() if t != trial_id}
+        holding_none = [w for w in free if w not in others]
+        if len(holding_none) > 1:
+            self.unplaced[trial_id] = holding_none
+            return holding_none
+        # One left, or only workers holding this experiment's other trials: the flow knows
+        # all it needs to choose (and one of those trials is evicted).
+        choice = (holding_none or free)[:1]
+        if not choice:
+            return None
+        self.claimed[choice[0]] = trial_id
         return choice
 
     def _held_by_other_experiments(self) -> set[str]:
@@ -81,9 +95,11 @@ class Placement:
         """The trial's step ran on ``worker``: it holds the trial now (and nothing else)."""
         self.home = {t: w for t, w in self.home.items() if w != worker}
         self.home[trial_id] = worker
+        self.unplaced.pop(trial_id, None)
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
         self.claimed.setdefault(worker, trial_id)
 
     def done(self, trial_id: int) -> None:
         """The trial's segment ended: its worker may take another trial."""
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
+        self.unplaced.pop(trial_id, None)

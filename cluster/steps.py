@@ -1,10 +1,10 @@
 """Running a trial's steps on the cluster: every step is submitted here.
 
 ``submit_step`` runs one position-addressed step (``cluster.held_trials.run_step``) on a
-worker, preferring the one ``cluster.placement`` chose, and watches it: a step no worker can
-run fails loudly within a minute, one Dask cancels on its own is resubmitted, and a worker
-that died under it is explained (``cluster.worker_deaths``). ``release_step`` ends a held
-trial; the cluster-wide calls stop, release or kill trials on every worker.
+worker, the least busy of those ``cluster.placement`` chose, and watches it: a step no
+worker can run fails loudly within a minute, one Dask cancels on its own is resubmitted,
+and a worker that died under it is explained (``cluster.worker_deaths``). ``release_step``
+ends a held trial; the cluster-wide calls stop, release or kill trials on every worker.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from distributed import Client, Future, KilledWorker, Scheduler, default_client, wait
@@ -62,9 +63,12 @@ class StepAbandoned(RuntimeError):
 _CLIENT_GONE = ("closing", "closed")
 
 
-def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) -> StepResult:
-    """Run ``request`` on a worker of the default client's cluster (``worker`` preferred)
-    and wait for its result; a lost worker surfaces as distributed.KilledWorker.
+def submit_step(
+    request: StepRequest, workers: Sequence[str] | None = None, gpus: int = 0
+) -> StepResult:
+    """Run ``request`` on a worker of the default client's cluster (the least busy of
+    ``workers`` preferred) and wait for its result; a lost worker surfaces as
+    distributed.KilledWorker.
 
     The wait is watched: Dask leaves a step pinned (loosely) to a worker that is gone in
     its ``no-worker`` state even when other workers are idle (its scheduler's
@@ -74,7 +78,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
     given SCHEDULER_AWAY_S to get them back). A step cancelled because the scheduler was
     lost is run again once the client has reconnected and the plugins are back."""
     client = default_client()
-    future = _submit(client, request, worker, gpus)
+    future = _submit(client, request, workers, gpus)
     done = _done_event(future)
     stranding = _Stranding()
     cancelled = 0
@@ -97,7 +101,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                 done = _done_event(future)
                 continue
             try:
-                state, restrictions, workers = _task_state(client, future.key)
+                state, restrictions, on_cluster = _task_state(client, future.key)
             except OSError:  # the scheduler is away: its reconnection cancels the step
                 if client.status in _CLIENT_GONE:
                     raise _abandoned(request) from None
@@ -111,7 +115,7 @@ def submit_step(request: StepRequest, worker: str | None = None, gpus: int = 0) 
                 future = _submit(client, request, None, gpus)
                 done = _done_event(future)
                 continue
-            if stranding.overdue(workers):
+            if stranding.overdue(on_cluster):
                 future.cancel()
                 raise _stranded(client, request, gpus)
     finally:
@@ -192,13 +196,13 @@ def _stranded(client: Client, request: StepRequest, gpus: int) -> StepStranded:
 
 
 def run_step_explained(
-    request: StepRequest, worker: str | None = None, gpus: int = 0
+    request: StepRequest, workers: Sequence[str] | None = None, gpus: int = 0
 ) -> StepResult:
     """``submit_step``, where a worker that died under the step becomes a ``StepFailed``
     saying how (exit code, likely cause: cluster.worker_deaths); not retryable once the
     experiment is stopping (its trial was killed on purpose, or dies with the rest)."""
     try:
-        return submit_step(request, worker, gpus)
+        return submit_step(request, workers, gpus)
     except KilledWorker as err:
         client = default_client()
         failure = explain_death(client, err, request)
@@ -230,15 +234,15 @@ def _done_event(future: Any) -> threading.Event:
     return done
 
 
-def _submit(client: Client, request: StepRequest, worker: str | None, gpus: int) -> Any:
+def _submit(client: Client, request: StepRequest, workers: Sequence[str] | None, gpus: int) -> Any:
     return client.submit(
         run_step,
         request,
         key=f"{step_key_prefix(request.trial.experiment_run_key, request.trial.trial_id)}"
         f"{request.kind}-{request.stop}-{uuid.uuid4().hex[:8]}",
         pure=False,
-        workers=[worker] if worker else None,
-        allow_other_workers=bool(worker),  # Dask refuses it without workers=
+        workers=list(workers) if workers else None,
+        allow_other_workers=bool(workers),  # Dask refuses it without workers=
         resources=_resources(request, gpus),
     )
 

@@ -364,7 +364,7 @@ class TrialChains:
         # None: to searcher.max_length, which the worker turns into batches (epochs and
         # records need the trial's data loader).
         stop = work.batches
-        worker = self.placement.claim(trial_id)
+        workers = self.placement.claim(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
             task_run_name=ref.task_name("train", f"{start}-{self._label(stop)}"),
@@ -374,7 +374,7 @@ class TrialChains:
             start,
             stop,
             after=self.last.get(trial_id),
-            worker=worker,
+            workers=workers,
             experiment_best=self.best["metric"] if self.best else None,
         )
         return _Stage(work, ref, "train", future)

@@ -76,10 +76,11 @@ def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
     return not (isinstance(error, StepFailed) and not error.retryable)
 
 
-def _step(request: StepRequest, worker: str | None, gpus: int) -> StepResult:
-    """Run the step on its worker (cluster.steps); a failure says which attempt it was."""
+def _step(request: StepRequest, workers: list[str] | None, gpus: int) -> StepResult:
+    """Run the step on one of ``workers`` (cluster.steps); a failure says which attempt
+    it was."""
     try:
-        return run_step_explained(request, worker, gpus)
+        return run_step_explained(request, workers, gpus)
     except StepFailed as err:
         raise _counted(err) from None
 
@@ -100,7 +101,7 @@ def train(
     start: int,
     stop: int | None,
     after: StepResult | None = None,
-    worker: str | None = None,
+    workers: list[str] | None = None,
     experiment_best: float | None = None,
 ) -> StepResult:
     """Train the trial from batch ``start`` to ``stop`` (None: to searcher.max_length;
@@ -108,7 +109,7 @@ def train(
     best metric so far)."""
     kind = "train" if trial.holdable else "segment"
     request = dataclasses.replace(trial.request(kind, start, stop), experiment_best=experiment_best)
-    result = _step(request, worker, trial.gpus)
+    result = _step(request, workers, trial.gpus)
     _log(trial, "trained to batch", result)
     return result
 
@@ -124,7 +125,7 @@ def validate(trial: TrialRef, after: StepResult) -> StepResult:
     if not trial.holdable:  # validated inside its segment's process
         return after
     at = after.position
-    result = _step(trial.request("validate", at, at), after.worker, trial.gpus)
+    result = _step(trial.request("validate", at, at), [after.worker], trial.gpus)
     _log(trial, "validated at batch", result, result.validation)
     return result
 
@@ -147,7 +148,7 @@ def checkpoint(
     request = dataclasses.replace(
         trial.request("checkpoint", at, at, release), stopped_as=stopped_as
     )
-    result = _step(request, after.worker, trial.gpus)
+    result = _step(request, [after.worker], trial.gpus)
     _log(trial, "checkpoint at batch", result, result.checkpoint)
     return dataclasses.replace(result, validation=after.validation)
 

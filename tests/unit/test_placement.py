@@ -1,0 +1,93 @@
+"""Where trials start on a real (in-process) Dask cluster. Two experiments' flows place
+their first trial at the same moment, before either step has reached a worker: each flow
+alone sees two idle workers, and both used to pin their trial to the first one, so one
+trial queued behind the other for its whole length while the second worker stood idle (a
+CI run's test_submit: 5 minutes). Given every suitable worker, Dask starts each step on the
+least busy one."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+
+from tests.integration.helpers import FLOW_MODEL, wait_for
+
+_LET_GO = threading.Event()
+
+
+def _hold(_: Any) -> None:
+    _LET_GO.wait(30)
+
+
+def _request(experiment_key: str, trial_id: int) -> Any:
+    from cluster.held_trials import StepRequest
+    from det_tasks.runner.held import TrialSpec
+
+    spec = TrialSpec(str(FLOW_MODEL / "grid.yaml"), str(FLOW_MODEL), (), trial_id, {"hidden": 4})
+    spec = dataclasses.replace(spec, experiment_run_key=experiment_key)
+    return StepRequest(spec, "train", 0, 40, parent_run_id="p", experiment_id="e")
+
+
+@pytest.fixture
+def two_workers(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from distributed import Client, LocalCluster
+
+    import cluster.steps as steps
+
+    monkeypatch.setattr(steps, "run_step", _hold)
+    _LET_GO.clear()
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+        _LET_GO.set()
+
+
+def test_two_experiments_placing_at_once_start_on_different_workers(two_workers: Any) -> None:
+    from cluster.placement import Placement
+    from cluster.steps import _submit
+
+    client = two_workers
+    first, second = Placement(client, "experiment-a"), Placement(client, "experiment-b")
+    choices = [first.claim(1), second.claim(1)]  # both before either step is submitted
+    workers = sorted(client.scheduler_info()["workers"])
+    assert [sorted(c or []) for c in choices] == [workers, workers]
+    futures = [
+        _submit(client, _request(key, 1), where, 0)
+        for key, where in zip(["experiment-a", "experiment-b"], choices, strict=True)
+    ]
+
+    def running_on() -> dict[str, Any]:
+        return {w: keys for w, keys in client.processing().items() if keys}
+
+    wait_for(lambda: len(running_on()) == 2, 10, "each step on a worker of its own")
+    assert sorted(len(keys) for keys in running_on().values()) == [1, 1]
+    _LET_GO.set()
+    client.gather(futures)
+
+
+def test_a_trial_returns_to_its_worker_and_a_new_one_goes_where_none_is_held(
+    two_workers: Any,
+) -> None:
+    from cluster.placement import Placement
+
+    client = two_workers
+    placement = Placement(client, "experiment-a")
+    held_on, other = placement.workers()
+    placement.ran(1, held_on)
+    placement.done(1)  # trial 1's segment ended; its worker still holds it
+    assert placement.claim(2) == [other]  # not onto trial 1's worker while another is free
+    assert placement.claim(1) == [held_on]  # trial 1 goes home, warm
+    assert placement.claim(3) is None  # every worker claimed: Dask chooses
+    placement.ran(2, other)
+    for trial in (1, 2):
+        placement.done(trial)
+    # Both workers hold a trial of this experiment: a new trial takes one of them, and the
+    # trial held there goes to the other rather than queue behind it.
+    (evicted,) = placement.claim(4) or []
+    assert evicted in (held_on, other)
+    assert placement.claim(1) == [other if evicted == held_on else held_on]

@@ -62,6 +62,11 @@ def test_a_raised_job_preempts_after_the_minimum_and_the_preempted_trial_resumes
     from registry.runs.tracking import client_for
 
     pids = tmp_path / "pids"
+    # The holders wait at each batch while this file exists: they hold both slots until the
+    # urgent experiment has been seen QUEUED and raised, however long its flow takes to
+    # start (at a load of 25 it came after the holders' 400 batches had ended).
+    hold = tmp_path / "hold"
+    hold.touch()
     holders = flow_experiment(
         "grid.yaml",
         "name=queue-holders",
@@ -69,34 +74,40 @@ def test_a_raised_job_preempts_after_the_minimum_and_the_preempted_trial_resumes
         "hyperparameters.sleep_s=0.1",
         f"searcher.max_length.batches={LOW_BATCHES}",
         f"data.pid_file={pids}",
+        f"data.hold_file={hold}",
     )
-    wait_for(
-        lambda: len(pids.read_text().split()) >= 2 if pids.exists() else False,
-        300,
-        "both holders training",
-    )
-    urgent = flow_experiment(
-        "killable.yaml",
-        "name=queue-urgent",
-        "hyperparameters.sleep_s=0",
-        "searcher.max_length.batches=30",
-    )
-    # Same priority (42) as the holders: it waits, QUEUED, and says why.
-    cells = wait_for(lambda: _queued_job("queue-urgent"), 120, "queue-urgent QUEUED")
-    (trial,) = wait_for(
-        lambda: [r for r in _trial_runs("queue-urgent") if "det.queue_reason" in r.data.tags],
-        60,
-        "its trial's run, with its reason",
-    )
-    assert trial.data.tags["det.state"] == "QUEUED"
-    assert trial.data.tags["det.queue_reason"] == (
-        "waiting for a slot: 1 experiment(s) ahead at priority 42 or more urgent"
-    )
-    assert holders.poll() is None
-    job_id = cells[1]
-    raised = _det("job", "update", job_id, "--priority", "1")
-    assert raised.returncode == 0, raised.stderr
-    assert "priority=1" in raised.stdout
+    urgent = None
+    try:
+        wait_for(
+            lambda: len(pids.read_text().split()) >= 2 if pids.exists() else False,
+            300,
+            "both holders training",
+        )
+        urgent = flow_experiment(
+            "killable.yaml",
+            "name=queue-urgent",
+            "hyperparameters.sleep_s=0",
+            "searcher.max_length.batches=30",
+        )
+        # Same priority (42) as the holders: it waits, QUEUED, and says why.
+        cells = wait_for(lambda: _queued_job("queue-urgent"), 300, "queue-urgent QUEUED")
+        (trial,) = wait_for(
+            lambda: [r for r in _trial_runs("queue-urgent") if "det.queue_reason" in r.data.tags],
+            60,
+            "its trial's run, with its reason",
+        )
+        assert trial.data.tags["det.state"] == "QUEUED"
+        assert trial.data.tags["det.queue_reason"] == (
+            "waiting for a slot: 1 experiment(s) ahead at priority 42 or more urgent"
+        )
+        assert holders.poll() is None
+        job_id = cells[1]
+        raised = _det("job", "update", job_id, "--priority", "1")
+        assert raised.returncode == 0, raised.stderr
+        assert "priority=1" in raised.stdout
+    finally:
+        hold.unlink(missing_ok=True)  # the holders train on (or end with a failed test)
+    assert urgent is not None
 
     _, urgent_err = urgent.communicate(timeout=600)
     assert urgent.returncode == 0, urgent_err[-3000:]

@@ -147,8 +147,12 @@ def test_a_signal_to_the_starters_group_does_not_reach_the_session(
     report = tmp_path / "seen.json"
     starter = textwrap.dedent(
         f"""
-        import os, subprocess, sys, time
+        import os, signal, subprocess, sys, time
         os.setpgid(0, 0)
+        # Ended by the group's signal, as the stack's Prefect worker is, even where it was
+        # started in the background of a shell (which starts it ignoring SIGINT).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         session = subprocess.Popen([sys.executable, "-m", "flows.engine_session",
                                     "engine_standin", {marker!r}, {str(report)!r}, "block"])
         print(session.pid, flush=True)

@@ -39,8 +39,6 @@ class Placement:
         self.on_demand = on_demand
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
-        # Trials started on a choice of workers, until their step says which one ran it.
-        self.unplaced: dict[int, list[str]] = {}
         # Workers being recycled (cluster.recycling): given nothing until they are back.
         self.retiring: set[str] = set()
         self.gpus = any(w.get("resources", {}).get("GPU") for w in self._pool().values())
@@ -71,8 +69,7 @@ class Placement:
         free = [w for w in workers if w not in self.claimed and w not in taken]
         others = {w for t, w in self.home.items() if t != trial_id}
         holding_none = [w for w in free if w not in others]
-        if len(holding_none) > 1:
-            self.unplaced[trial_id] = holding_none
+        if len(holding_none) > 1:  # claimed once its step says which one ran it (ran)
             return holding_none
         # One left, or only workers holding this experiment's other trials: the flow knows
         # all it needs to choose (and one of those trials is evicted).
@@ -95,11 +92,9 @@ class Placement:
         """The trial's step ran on ``worker``: it holds the trial now (and nothing else)."""
         self.home = {t: w for t, w in self.home.items() if w != worker}
         self.home[trial_id] = worker
-        self.unplaced.pop(trial_id, None)
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
         self.claimed.setdefault(worker, trial_id)
 
     def done(self, trial_id: int) -> None:
         """The trial's segment ended: its worker may take another trial."""
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
-        self.unplaced.pop(trial_id, None)

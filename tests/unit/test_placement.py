@@ -7,7 +7,6 @@ least busy one."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
@@ -26,8 +25,10 @@ def _request(experiment_key: str, trial_id: int) -> Any:
     from cluster.held_trials import StepRequest
     from det_tasks.runner.held import TrialSpec
 
-    spec = TrialSpec(str(FLOW_MODEL / "grid.yaml"), str(FLOW_MODEL), (), trial_id, {"hidden": 4})
-    spec = dataclasses.replace(spec, experiment_run_key=experiment_key)
+    spec = TrialSpec(
+        str(FLOW_MODEL / "grid.yaml"), str(FLOW_MODEL), (), trial_id, {"hidden": 4},
+        experiment_run_key=experiment_key,
+    )  # fmt: skip
     return StepRequest(spec, "train", 0, 40, parent_run_id="p", experiment_id="e")
 
 

@@ -5,7 +5,11 @@ in memory, and off workers another experiment's active trial holds. A trial that
 worker of its own is given every suitable one and Dask starts it on the least busy: the
 scheduler sees every experiment's steps at once, so two flows placing a trial at the same
 moment are spread over two workers (each flow alone could only see what was already held,
-and both chose the same worker while the other stood idle)."""
+and both chose the same worker while the other stood idle). Until the scheduler says which
+of them a trial's step went to, that trial counts as claiming them all: no other trial of
+the experiment is pinned to one of them alone (a CI run's test_shared_stack: a new trial
+pinned to the worker an earlier one was still training on, and the two evicted each other
+at every step)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 from distributed import Client
 
 from cluster.pools import DEFAULT_POOL, worker_pool
+from cluster.steps import workers_placed
 from cluster.worker_calls import holds_foreign_trial
 
 __all__ = ["Placement"]
@@ -39,6 +44,8 @@ class Placement:
         self.on_demand = on_demand
         self.home: dict[int, str] = {}
         self.claimed: dict[str, int] = {}
+        # Trials whose segment was offered several workers, until the scheduler places it.
+        self.offered: dict[int, list[str]] = {}
         # Workers being recycled (cluster.recycling): given nothing until they are back.
         self.retiring: set[str] = set()
         self.gpus = any(w.get("resources", {}).get("GPU") for w in self._pool().values())
@@ -60,6 +67,7 @@ class Placement:
         """The workers the trial's next segment may start on (None: any). Several only
         where none holds a trial of this experiment: which of them is busy with another
         experiment's step just submitted, only the scheduler knows."""
+        self._settle_offered()
         workers = self.workers()
         home = self.home.get(trial_id)
         if home in workers and home not in self.claimed:
@@ -69,15 +77,32 @@ class Placement:
         free = [w for w in workers if w not in self.claimed and w not in taken]
         others = {w for t, w in self.home.items() if t != trial_id}
         holding_none = [w for w in free if w not in others]
-        if len(holding_none) > 1:  # claimed once its step says which one ran it (ran)
-            return holding_none
         # One left, or only workers holding this experiment's other trials: the flow knows
-        # all it needs to choose (and one of those trials is evicted).
-        choice = (holding_none or free)[:1]
+        # all it needs to choose (and one of those trials is evicted), unless a trial not
+        # yet placed may take that worker: then the scheduler chooses between the two.
+        choice = holding_none if len(holding_none) > 1 else (holding_none or free)[:1]
+        contended = [w for ws in self.offered.values() for w in ws if w in free]
+        if choice and contended:
+            choice = list(dict.fromkeys([*choice, *contended]))
+        if len(choice) > 1:  # claimed once the scheduler places its step (_settle_offered)
+            self.offered[trial_id] = choice
+            return choice
         if not choice:
             return None
         self.claimed[choice[0]] = trial_id
         return choice
+
+    def _settle_offered(self) -> None:
+        """Claim, for each trial offered several workers, the one its step went to."""
+        if not self.offered:
+            return
+        try:
+            placed = workers_placed(self.client, self.experiment_key, dict(self.offered))
+        except Exception:  # the scheduler away: they stay offered (none pinned onto them)
+            return
+        for trial_id, worker in placed.items():
+            del self.offered[trial_id]
+            self.claimed.setdefault(worker, trial_id)
 
     def _held_by_other_experiments(self) -> set[str]:
         """Workers holding another experiment's active trial (a shared cluster): pinning a
@@ -94,7 +119,9 @@ class Placement:
         self.home[trial_id] = worker
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
         self.claimed.setdefault(worker, trial_id)
+        self.offered.pop(trial_id, None)
 
     def done(self, trial_id: int) -> None:
         """The trial's segment ended: its worker may take another trial."""
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}
+        self.offered.pop(trial_id, None)

@@ -37,6 +37,7 @@ __all__ = [
     "step_key_prefix",
     "stop_everywhere",
     "submit_step",
+    "workers_placed",
     "workers_running",
 ]
 
@@ -276,6 +277,37 @@ def workers_running(client: Client, experiment_key: str | None, trial_id: int) -
         )
 
     return list(client.run_on_scheduler(look, prefix=prefix))
+
+
+def workers_placed(
+    client: Client, experiment_key: str | None, candidates: dict[int, Sequence[str]]
+) -> dict[int, str]:
+    """Which of its ``candidates`` the scheduler gave each trial's step: the worker running
+    a step of it, else one holding a finished step's result (a step that ran elsewhere
+    before, on a worker not among them, does not count). A trial missing from the answer
+    has no step there yet (its Prefect task has not submitted it)."""
+    prefixes = {step_key_prefix(experiment_key, t): t for t in candidates}
+    allowed = {t: list(ws) for t, ws in candidates.items()}
+
+    def look(
+        dask_scheduler: Scheduler, prefixes: dict[str, int], allowed: dict[int, list[str]]
+    ) -> dict[int, str]:
+        running: dict[int, str] = {}
+        finished: dict[int, str] = {}
+        for key, ts in dask_scheduler.tasks.items():
+            trial = next((t for p, t in prefixes.items() if str(key).startswith(p)), None)
+            if trial is None:
+                continue
+            if ts.processing_on is not None and ts.processing_on.address in allowed[trial]:
+                running[trial] = ts.processing_on.address
+            elif ts.state == "memory":
+                held = sorted(ws.address for ws in ts.who_has or () if ws.address in allowed[trial])
+                finished.update({trial: held[0]} if held else {})
+        return {**finished, **running}
+
+    if not prefixes:
+        return {}
+    return dict(client.run_on_scheduler(look, prefixes=prefixes, allowed=allowed))
 
 
 def _task_state(client: Client, key: str) -> tuple[str | None, list[str], int]:

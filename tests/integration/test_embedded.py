@@ -17,6 +17,8 @@ from tests.integration.helpers import env_without_platform, environment
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "tests" / "fixtures" / "flow_model" / "grid.yaml"
+MODEL_DEF = GRID.parent / "model_def.py"
+
 NOISE = (
     "Traceback",
     "CancelledError",
@@ -24,6 +26,12 @@ NOISE = (
     "Failed to send telemetry",
     "RuntimeWarning",  # runpy's, from every new worker re-running the preloaded main module
 )
+
+
+def _line_raising(text: str) -> int:
+    """The fixture model's line that raises ``text`` (edits above it move it)."""
+    lines = MODEL_DEF.read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if f'raise ValueError(f"{text}' in line)
 
 
 def _clean_env(home: Path) -> dict[str, str]:
@@ -133,14 +141,15 @@ def test_a_failing_trial_ends_failed_everywhere_with_one_last_line(tmp_path: Pat
         [str(GRID), "searcher.max_trials=1", "data.fail_at_batch=3", "max_restarts=1"], tmp_path
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
+    raising = _line_raising("planted failure")
     line = (
         "trial 1 failed in train_batch at batch 3 after 2 attempts: "
-        "ValueError: planted failure at batch 3 (model_def.py:75)"
+        f"ValueError: planted failure at batch 3 (model_def.py:{raising})"
     )
     assert proc.stderr.splitlines()[-1] == f"error: {line}"
     # One traceback, the trial's own frames, printed once; no engine traceback.
     assert proc.stderr.count("Traceback") == 1
-    assert 'model_def.py", line 75, in train_batch' in proc.stderr
+    assert f'model_def.py", line {raising}, in train_batch' in proc.stderr
     assert "site-packages" not in proc.stderr
     client = client_for(f"sqlite:///{(tmp_path / 'det' / 'mlflow.db').resolve()}")
     experiment = client.get_experiment_by_name("flow-grid")

@@ -92,3 +92,35 @@ def test_a_trial_returns_to_its_worker_and_a_new_one_goes_where_none_is_held(
     (evicted,) = placement.claim(4) or []
     assert evicted in (held_on, other)
     assert placement.claim(1) == [other if evicted == held_on else held_on]
+
+
+def test_a_new_trial_is_not_pinned_to_the_worker_an_unsettled_trial_went_to(
+    two_workers: Any,
+) -> None:
+    """Trials 1 and 2 start together, each offered both workers. Trial 1's segment ends
+    while trial 2 still trains: trial 3 goes to trial 1's worker, not onto trial 2's (a CI
+    run's test_shared_stack: pinned there, the two evicted each other at every step)."""
+    from cluster.placement import Placement
+    from cluster.steps import _submit
+
+    client = two_workers
+    placement = Placement(client, "experiment-a")
+    offers = [placement.claim(1), placement.claim(2)]
+    workers = sorted(client.scheduler_info()["workers"])
+    assert [sorted(o or []) for o in offers] == [workers, workers]
+    # Neither step is on the scheduler yet: a third trial may not be pinned to either alone.
+    assert sorted(placement.claim(3) or []) == workers
+    placement.done(3)
+    futures = {t: _submit(client, _request("experiment-a", t), offers[t - 1], 0) for t in (1, 2)}
+    wait_for(lambda: len(placement_of(client)) == 2, 10, "each step on a worker of its own")
+    where = placement_of(client)
+    placement.ran(1, where[futures[1].key])
+    placement.done(1)  # trial 1's segment ended; trial 2 is still training
+    assert placement.claim(3) == [where[futures[1].key]]
+    _LET_GO.set()
+    client.gather(list(futures.values()))
+
+
+def placement_of(client: Any) -> dict[str, str]:
+    """Each processing step's worker, by key."""
+    return {key: w for w, keys in client.processing().items() for key in keys}

@@ -64,13 +64,15 @@ class Placement:
         return [w for w in self._pool() if w not in self.retiring]
 
     def claim(self, trial_id: int) -> list[str] | None:
-        """The workers the trial's next segment may start on (None: any). Several only
-        where none holds a trial of this experiment: which of them is busy with another
-        experiment's step just submitted, only the scheduler knows."""
+        """The workers the trial's next segment may start on (None: any). Several where
+        none holds a trial of this experiment (which of them is busy with another
+        experiment's step just submitted, only the scheduler knows), or where a trial not
+        yet placed may take the one this flow would choose."""
         self._settle_offered()
         workers = self.workers()
+        contended = {w for t, ws in self.offered.items() if t != trial_id for w in ws}
         home = self.home.get(trial_id)
-        if home in workers and home not in self.claimed:
+        if home in workers and home not in self.claimed and home not in contended:
             self.claimed[home] = trial_id
             return [home]
         taken = self._held_by_other_experiments()
@@ -79,13 +81,12 @@ class Placement:
         holding_none = [w for w in free if w not in others]
         # One left, or only workers holding this experiment's other trials: the flow knows
         # all it needs to choose (and one of those trials is evicted), unless a trial not
-        # yet placed may take that worker: then the scheduler chooses between the two.
+        # yet placed may take that worker: then the scheduler chooses, among every free one.
         choice = holding_none if len(holding_none) > 1 else (holding_none or free)[:1]
-        contended = [w for ws in self.offered.values() for w in ws if w in free]
-        if choice and contended:
-            choice = list(dict.fromkeys([*choice, *contended]))
-        if len(choice) > 1:  # claimed once the scheduler places its step (_settle_offered)
-            self.offered[trial_id] = choice
+        if contended.intersection(choice):
+            choice = list(dict.fromkeys([*choice, *free]))
+        if len(choice) > 1 or contended.intersection(choice):
+            self.offered[trial_id] = choice  # claimed once its step is placed
             return choice
         if not choice:
             return None
@@ -93,7 +94,8 @@ class Placement:
         return choice
 
     def _settle_offered(self) -> None:
-        """Claim, for each trial offered several workers, the one its step went to."""
+        """Claim, for each trial offered several workers, the one its step went to; one
+        that went where another trial is claimed stays offered until that trial is done."""
         if not self.offered:
             return
         try:
@@ -101,8 +103,8 @@ class Placement:
         except Exception:  # the scheduler away: they stay offered (none pinned onto them)
             return
         for trial_id, worker in placed.items():
-            del self.offered[trial_id]
-            self.claimed.setdefault(worker, trial_id)
+            if self.claimed.setdefault(worker, trial_id) == trial_id:
+                del self.offered[trial_id]
 
     def _held_by_other_experiments(self) -> set[str]:
         """Workers holding another experiment's active trial (a shared cluster): pinning a

@@ -259,6 +259,10 @@ def _resources(request: StepRequest, gpus: int) -> dict[str, float] | None:
     return wanted or None
 
 
+# How the key of a segment's first step goes on after the trial's prefix (its kind).
+_SEGMENT_STARTS = ("train-", "segment-")
+
+
 def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
     """How every Dask key of the trial's steps begins: trial ids repeat between the
     experiments that share a cluster, so the experiment is in it too."""
@@ -282,20 +286,25 @@ def workers_running(client: Client, experiment_key: str | None, trial_id: int) -
 def workers_placed(
     client: Client, experiment_key: str | None, candidates: dict[int, Sequence[str]]
 ) -> dict[int, str]:
-    """Which of its ``candidates`` the scheduler gave each trial's step: the worker running
-    a step of it, else one holding a finished step's result (a step that ran elsewhere
-    before, on a worker not among them, does not count). A trial missing from the answer
-    has no step there yet (its Prefect task has not submitted it)."""
-    prefixes = {step_key_prefix(experiment_key, t): t for t in candidates}
-    allowed = {t: list(ws) for t, ws in candidates.items()}
+    """Which of its ``candidates`` the scheduler gave each trial's segment: the worker
+    running its first step (train, or a whole segment), else one holding that step's
+    finished result (a step that ran elsewhere before, on a worker not among them, does not
+    count). A trial missing from the answer has no such step there yet (its Prefect task has
+    not submitted it)."""
+    starts = {
+        step_key_prefix(experiment_key, trial) + kind: trial
+        for trial in candidates
+        for kind in _SEGMENT_STARTS
+    }
+    allowed = {trial: list(workers) for trial, workers in candidates.items()}
 
     def look(
-        dask_scheduler: Scheduler, prefixes: dict[str, int], allowed: dict[int, list[str]]
+        dask_scheduler: Scheduler, starts: dict[str, int], allowed: dict[int, list[str]]
     ) -> dict[int, str]:
         running: dict[int, str] = {}
         finished: dict[int, str] = {}
         for key, ts in dask_scheduler.tasks.items():
-            trial = next((t for p, t in prefixes.items() if str(key).startswith(p)), None)
+            trial = next((t for start, t in starts.items() if str(key).startswith(start)), None)
             if trial is None:
                 continue
             if ts.processing_on is not None and ts.processing_on.address in allowed[trial]:
@@ -305,9 +314,9 @@ def workers_placed(
                 finished.update({trial: held[0]} if held else {})
         return {**finished, **running}
 
-    if not prefixes:
+    if not starts:
         return {}
-    return dict(client.run_on_scheduler(look, prefixes=prefixes, allowed=allowed))
+    return dict(client.run_on_scheduler(look, starts=starts, allowed=allowed))
 
 
 def _task_state(client: Client, key: str) -> tuple[str | None, list[str], int]:

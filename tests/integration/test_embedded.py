@@ -31,7 +31,9 @@ NOISE = (
 def _line_raising(text: str) -> int:
     """The fixture model's line that raises ``text`` (edits above it move it)."""
     lines = MODEL_DEF.read_text().splitlines()
-    return next(n for n, line in enumerate(lines, 1) if f'raise ValueError(f"{text}' in line)
+    found = [n for n, line in enumerate(lines, 1) if f'raise ValueError(f"{text}' in line]
+    assert len(found) == 1, f"{MODEL_DEF} should raise {text!r} on exactly one line: {found}"
+    return found[0]
 
 
 def _clean_env(home: Path) -> dict[str, str]:

@@ -121,6 +121,27 @@ def test_a_new_trial_is_not_pinned_to_the_worker_an_unsettled_trial_went_to(
     client.gather(list(futures.values()))
 
 
+def test_a_trial_queued_behind_another_keeps_its_worker_claimed(two_workers: Any) -> None:
+    """Trials 1 and 2, each offered both workers, both go to the first one (the second
+    was busy with another experiment's step). Trial 1 is stopped; trial 2, still there,
+    keeps that worker: a new trial is not sent onto it."""
+    from cluster.placement import Placement
+    from cluster.steps import _submit
+
+    client = two_workers
+    placement = Placement(client, "experiment-a")
+    first, second = placement.workers()
+    assert [sorted(placement.claim(t) or []) for t in (1, 2)] == [sorted([first, second])] * 2
+    futures = [_submit(client, _request("experiment-a", t), [first], 0) for t in (1, 2)]
+    wait_for(lambda: len(placement_of(client)) == 2, 10, "both steps given the first worker")
+    assert placement.claim(3) == [second]  # settles trial 1 on the first worker; 2 waits
+    placement.done(3)
+    placement.done(1)  # trial 1 stopped (no segment result: it holds nothing now)
+    assert placement.claim(4) == [second]
+    _LET_GO.set()
+    client.gather(futures)
+
+
 def placement_of(client: Any) -> dict[str, str]:
     """Each processing step's worker, by key."""
     return {key: w for w, keys in client.processing().items() for key in keys}

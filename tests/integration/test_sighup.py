@@ -40,6 +40,12 @@ SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop i
 NO_SLEEP = "hyperparameters.sleep_s=0"  # the undisturbed reference: the same weights, sooner
 
 
+def _hangup_default() -> None:
+    """SIGHUP at its default in the child, as in a terminal's job, whatever this test run
+    inherited (CI started under ``nohup`` ignores it in every process it starts)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.Popen[str]:
     def no_hangup() -> None:  # what nohup does before it execs the command
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -52,7 +58,7 @@ def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
-        preexec_fn=no_hangup if ignore_hup else None,
+        preexec_fn=no_hangup if ignore_hup else _hangup_default,
     )
 
 
@@ -128,6 +134,7 @@ def test_det_tasks_run_checkpoints_on_sighup_and_sigterm_and_resume_trains_on(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_hangup_default,
     )
     time.sleep(1)
     while proc.poll() is None and not list(checkpoints.glob("*/metadata.json")):

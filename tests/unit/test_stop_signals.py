@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -36,7 +37,18 @@ class _Context:
         self.stop = value
 
 
-def test_first_signal_stops_at_the_boundary_second_at_once() -> None:
+@pytest.fixture
+def hangup_default() -> Iterator[None]:
+    """SIGHUP at its default, as in a terminal, whatever this test run inherited (started
+    under ``nohup``, every process ignores it), and put back afterwards."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_first_signal_stops_at_the_boundary_second_at_once(hangup_default: None) -> None:
     stop = StopSignals()
     context = _Context()
     stop.watch(context)
@@ -69,8 +81,8 @@ def test_a_signal_ignored_at_start_stays_ignored() -> None:
 _LAUNCHER = """
 import os, signal, sys, threading
 from det_tasks.runner import worker_group
-if sys.argv[1] == "nohup":
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+# nohup ignores SIGHUP; a terminal's job has it at its default, whatever this run inherited.
+signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv[1] == "nohup" else signal.SIG_DFL)
 worker_group.launch_command = lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(4)"]
 worker_group.worker_env = lambda *a: dict(os.environ)
 threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGHUP)).start()

@@ -32,20 +32,29 @@ RUNNER = textwrap.dedent(
     stubborn = [sys.executable, "-c",
                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "time.sleep(1000)", marker]
+    ORPHANS_PARENT = "import subprocess, sys; subprocess.Popen(sys.argv[1:])"  # exits at once
     helper = (
         "import subprocess, sys, time; s = sys.argv[1:]; "
         "subprocess.Popen(s); subprocess.Popen(s, start_new_session=True); "
-        "subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; "
-        "subprocess.Popen(sys.argv[1:])', *s]); time.sleep(1000)"
+        f"subprocess.Popen([sys.executable, '-c', {ORPHANS_PARENT!r}, *s]); time.sleep(1000)"
     )
 
+    def marked():
+        return [p for p in __import__("psutil").process_iter(["cmdline", "status"])
+                if marker in (p.info["cmdline"] or []) and p.info["status"] != "zombie"]
+
     def count():
-        return len([p for p in __import__("psutil").process_iter(["cmdline", "status"])
-                    if marker in (p.info["cmdline"] or []) and p.info["status"] != "zombie"])
+        return len(marked())
 
     def started(expected):
+        # Settled once the orphan's parent is gone: until then it is counted and the orphan
+        # may not exist yet, so the count can pass through ``expected`` on its way.
         deadline = time.monotonic() + 30
-        while count() != expected and time.monotonic() < deadline:  # the orphan's parent exits
+        while time.monotonic() < deadline:
+            alive = marked()
+            parents = [p for p in alive if p.info["cmdline"][2:3] == [ORPHANS_PARENT]]
+            if len(alive) == expected and not parents:
+                return len(alive)
             time.sleep(0.05)
         return count()
 

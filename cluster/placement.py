@@ -18,7 +18,7 @@ from typing import Any
 from distributed import Client
 
 from cluster.pools import DEFAULT_POOL, worker_pool
-from cluster.steps import workers_placed
+from cluster.steps import trials_running
 from cluster.worker_calls import holds_foreign_trial
 
 __all__ = ["Placement"]
@@ -83,9 +83,10 @@ class Placement:
         # all it needs to choose (and one of those trials is evicted), unless a trial not
         # yet placed may take that worker: then the scheduler chooses, among every free one.
         choice = holding_none if len(holding_none) > 1 else (holding_none or free)[:1]
-        if contended.intersection(choice):
-            choice = list(dict.fromkeys([*choice, *free]))
-        if len(choice) > 1 or contended.intersection(choice):
+        unsettled = bool(contended.intersection(choice))
+        if unsettled:
+            choice = free
+        if unsettled or len(choice) > 1:
             self.offered[trial_id] = choice  # claimed once its step is placed
             return choice
         if not choice:
@@ -94,15 +95,16 @@ class Placement:
         return choice
 
     def _settle_offered(self) -> None:
-        """Claim, for each trial offered several workers, the one its step went to; one
-        that went where another trial is claimed stays offered until that trial is done."""
+        """Claim, for each trial offered several workers, the one running its step (the
+        scheduler's choice); one placed where another trial is claimed stays offered until
+        that trial is done."""
         if not self.offered:
             return
         try:
-            placed = workers_placed(self.client, self.experiment_key, dict(self.offered))
+            running = trials_running(self.client, self.experiment_key, list(self.offered))
         except Exception:  # the scheduler away: they stay offered (none pinned onto them)
             return
-        for trial_id, worker in placed.items():
+        for trial_id, (worker, *_) in running.items():
             if self.claimed.setdefault(worker, trial_id) == trial_id:
                 del self.offered[trial_id]
 

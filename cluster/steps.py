@@ -37,7 +37,7 @@ __all__ = [
     "step_key_prefix",
     "stop_everywhere",
     "submit_step",
-    "workers_placed",
+    "trials_running",
     "workers_running",
 ]
 
@@ -259,10 +259,6 @@ def _resources(request: StepRequest, gpus: int) -> dict[str, float] | None:
     return wanted or None
 
 
-# How the key of a segment's first step goes on after the trial's prefix (its kind).
-_SEGMENT_STARTS = ("train-", "segment-")
-
-
 def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
     """How every Dask key of the trial's steps begins: trial ids repeat between the
     experiments that share a cluster, so the experiment is in it too."""
@@ -271,52 +267,30 @@ def step_key_prefix(experiment_key: str | None, trial_id: int) -> str:
 
 def workers_running(client: Client, experiment_key: str | None, trial_id: int) -> list[str]:
     """The workers running a step of the trial now (the scheduler's view)."""
-    prefix = step_key_prefix(experiment_key, trial_id)
-
-    def look(dask_scheduler: Scheduler, prefix: str) -> list[str]:
-        return sorted(
-            ts.processing_on.address
-            for key, ts in dask_scheduler.tasks.items()
-            if isinstance(key, str) and key.startswith(prefix) and ts.processing_on is not None
-        )
-
-    return list(client.run_on_scheduler(look, prefix=prefix))
+    return trials_running(client, experiment_key, [trial_id]).get(trial_id, [])
 
 
-def workers_placed(
-    client: Client, experiment_key: str | None, candidates: dict[int, Sequence[str]]
-) -> dict[int, str]:
-    """Which of its ``candidates`` the scheduler gave each trial's segment: the worker
-    running its first step (train, or a whole segment), else one holding that step's
-    finished result (a step that ran elsewhere before, on a worker not among them, does not
-    count). A trial missing from the answer has no such step there yet (its Prefect task has
-    not submitted it)."""
-    starts = {
-        step_key_prefix(experiment_key, trial) + kind: trial
-        for trial in candidates
-        for kind in _SEGMENT_STARTS
-    }
-    allowed = {trial: list(workers) for trial, workers in candidates.items()}
+def trials_running(
+    client: Client, experiment_key: str | None, trial_ids: Sequence[int]
+) -> dict[int, list[str]]:
+    """The workers running a step of each trial now (the scheduler's view; a step waiting
+    for a worker's thread counts as running there). A trial running none is left out: its
+    step may not be submitted yet."""
+    prefixes = {step_key_prefix(experiment_key, t): t for t in trial_ids}
 
-    def look(
-        dask_scheduler: Scheduler, starts: dict[str, int], allowed: dict[int, list[str]]
-    ) -> dict[int, str]:
-        running: dict[int, str] = {}
-        finished: dict[int, str] = {}
+    def look(dask_scheduler: Scheduler, prefixes: dict[str, int]) -> dict[int, list[str]]:
+        running: dict[int, list[str]] = {}
         for key, ts in dask_scheduler.tasks.items():
-            trial = next((t for start, t in starts.items() if str(key).startswith(start)), None)
-            if trial is None:
+            if ts.processing_on is None:
                 continue
-            if ts.processing_on is not None and ts.processing_on.address in allowed[trial]:
-                running[trial] = ts.processing_on.address
-            elif ts.state == "memory":
-                held = sorted(ws.address for ws in ts.who_has or () if ws.address in allowed[trial])
-                finished.update({trial: held[0]} if held else {})
-        return {**finished, **running}
+            trial = next((t for p, t in prefixes.items() if str(key).startswith(p)), None)
+            if trial is not None:
+                running.setdefault(trial, []).append(ts.processing_on.address)
+        return {trial: sorted(workers) for trial, workers in running.items()}
 
-    if not starts:
+    if not prefixes:
         return {}
-    return dict(client.run_on_scheduler(look, starts=starts, allowed=allowed))
+    return dict(client.run_on_scheduler(look, prefixes=prefixes))
 
 
 def _task_state(client: Client, key: str) -> tuple[str | None, list[str], int]:

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,16 +42,14 @@ SLOW_BATCHES = "hyperparameters.sleep_s=0.1"  # 12 s of training: time to stop i
 NO_SLEEP = "hyperparameters.sleep_s=0"  # the undisturbed reference: the same weights, sooner
 
 
-def _hangup_default() -> None:
-    """SIGHUP at its default in the child, as in a terminal's job, whatever this test run
-    inherited (CI started under ``nohup`` ignores it in every process it starts)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+def _sighup_at(disposition: signal.Handlers) -> Callable[[], object]:
+    """A ``preexec_fn`` setting the child's SIGHUP: SIG_IGN is what nohup does before it
+    execs the command; SIG_DFL is a terminal's job, whatever this test run inherited (CI
+    started under ``nohup`` ignores it in every process it starts)."""
+    return functools.partial(signal.signal, signal.SIGHUP, disposition)
 
 
 def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.Popen[str]:
-    def no_hangup() -> None:  # what nohup does before it execs the command
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
     return subprocess.Popen(
         [sys.executable, "-m", "flows.experiment", str(CONFIG), SLOW_BATCHES, *args],
         cwd=home,
@@ -58,7 +58,7 @@ def _experiment(home: Path, *args: str, ignore_hup: bool = False) -> subprocess.
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
-        preexec_fn=no_hangup if ignore_hup else _hangup_default,
+        preexec_fn=_sighup_at(signal.SIG_IGN if ignore_hup else signal.SIG_DFL),
     )
 
 
@@ -134,7 +134,7 @@ def test_det_tasks_run_checkpoints_on_sighup_and_sigterm_and_resume_trains_on(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_hangup_default,
+        preexec_fn=_sighup_at(signal.SIG_DFL),
     )
     time.sleep(1)
     while proc.poll() is None and not list(checkpoints.glob("*/metadata.json")):

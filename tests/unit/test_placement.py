@@ -32,6 +32,11 @@ def _request(experiment_key: str, trial_id: int) -> Any:
     return StepRequest(spec, "train", 0, 40, parent_run_id="p", experiment_id="e")
 
 
+def placement_of(client: Any) -> dict[str, str]:
+    """Each processing step's worker, by key."""
+    return {key: w for w, keys in client.processing().items() for key in keys}
+
+
 @pytest.fixture
 def two_workers(monkeypatch: pytest.MonkeyPatch) -> Any:
     from distributed import Client, LocalCluster
@@ -140,8 +145,3 @@ def test_a_trial_queued_behind_another_keeps_its_worker_claimed(two_workers: Any
     assert placement.claim(4) == [second]
     _LET_GO.set()
     client.gather(futures)
-
-
-def placement_of(client: Any) -> dict[str, str]:
-    """Each processing step's worker, by key."""
-    return {key: w for w, keys in client.processing().items() for key in keys}

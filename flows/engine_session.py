@@ -34,11 +34,39 @@ from __future__ import annotations
 import contextlib
 import os
 import runpy
+import select
+import signal
+import socket
 import sys
+from pathlib import Path
+from typing import Any
 
-__all__ = ["ENGINE_MODULE", "enter_own_session", "guard_what_this_process_starts", "main"]
+from flows.starter_protocol import STARTER_ENV, receive, send_with_streams
+
+__all__ = [
+    "ENGINE_MODULE",
+    "FORWARDED_SIGNALS",
+    "enter_own_session",
+    "exit_as",
+    "guard_what_this_process_starts",
+    "main",
+    "start_through_starter",
+]
 
 ENGINE_MODULE = "prefect.engine"
+# What this process passes on to a flow run the starter forked: every signal a worker, a
+# shell or a user sends to stop or poke a process (SIGKILL ends this process; the starter's
+# keeper then SIGKILLs the flow run).
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+# How long the starter may take to fork the flow run before this process starts it itself.
+STARTER_ANSWER_S = 10.0
 
 
 def enter_own_session() -> None:
@@ -60,13 +88,107 @@ def guard_what_this_process_starts() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m flows.engine_session [MODULE]``: run MODULE (Prefect's engine) as
-    ``python -m MODULE`` would, in a session of its own, with a guard."""
+    ``python -m MODULE`` would, in a session of its own, with a guard: forked by the stack's
+    warm starter where it has one (``DET_TASKS_FLOW_STARTER``) and takes it, else here."""
     args = sys.argv[1:] if argv is None else argv
     module = args[0] if args else ENGINE_MODULE
     enter_own_session()
+    engine_argv = [sys.argv[0], *args[1:]]
+    starter = os.environ.get(STARTER_ENV)
+    if starter:
+        code = start_through_starter(Path(starter), module, engine_argv)
+        if code is not None:
+            exit_as(code)
     guard_what_this_process_starts()
-    sys.argv = [sys.argv[0], *args[1:]]
+    sys.argv = engine_argv
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _ignored_signals() -> list[int]:
+    ignored = []
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                ignored.append(int(signum))
+    return ignored
+
+
+def start_through_starter(path: Path, module: str, argv: list[str]) -> int | None:
+    """Have the starter on ``path`` fork the flow run (``module`` as ``__main__`` with
+    ``argv``), pass it the signals this process gets, and return its exit code once it ends;
+    None, with nothing started, where the starter does not take it."""
+    request: dict[str, Any] = {
+        "executable": sys.executable,
+        "project": str(Path(__file__).resolve().parents[1]),
+        "module": module,
+        "argv": argv,
+        "path": sys.path,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "ignored": _ignored_signals(),
+        "flow_run": os.environ.get("PREFECT__FLOW_RUN_ID", "?"),
+    }
+    target: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if not target:
+            pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target[0], signum)
+
+    previous = {
+        signum: signal.signal(signum, forward)
+        for signum in FORWARDED_SIGNALS
+        if signum not in request["ignored"]
+    }
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(STARTER_ANSWER_S)
+        try:
+            sock.connect(str(path))
+            send_with_streams(sock, request)
+            reply = receive(sock)
+        except (OSError, EOFError, ValueError) as exc:
+            reply = {"refused": f"no answer from {path} ({exc})"}
+        if not reply or "pid" not in reply:
+            why = (reply or {}).get("refused", "it closed the connection")
+            print(f"flow starter not used ({why}); starting the engine here", file=sys.stderr)
+            for forwarded, handler in previous.items():
+                signal.signal(forwarded, handler)
+            for waiting in pending:
+                os.kill(os.getpid(), waiting)
+            return None
+        target.append(int(reply["pid"]))
+        for waiting in pending:
+            forward(waiting, None)
+        sock.settimeout(None)
+        outcome = receive(sock)
+    if outcome is None or "exit" not in outcome:  # the keeper died: wait for the run itself
+        _wait_gone(target[0])
+        return 1
+    return int(outcome["exit"])
+
+
+def _wait_gone(pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
+
+
+def exit_as(code: int) -> None:
+    """Exit as the flow run did: with its code, or killed by the same signal."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    sys.stdout.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

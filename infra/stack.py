@@ -25,6 +25,7 @@ from pathlib import Path
 from cluster.environment import EXPECTED_WORKERS_ENV as WAIT_WORKERS_ENV
 from cluster.slurm_settings import SETTINGS_ENV as SLURM_WORKERS_ENV
 from cluster.slurm_settings import SlurmWorkerSettings
+from flows.starter_protocol import STARTER_ENV, socket_path
 from infra import dask_cluster, deployments, postgres
 from infra.postgres import postgres_urls
 from infra.seaweed import ensure_bucket, s3_credentials, seaweed_service
@@ -269,21 +270,29 @@ def prefect_server_service(config: StackConfig) -> Service:
     )
 
 
-def prefect_worker_service(
-    config: StackConfig, pool: str | None = None, workdir: Path | None = None
-) -> Service:
-    """A process worker on ``pool`` (default: the stack's). With ``workdir`` it runs there,
-    in a folder of its own, as a worker on another machine would (no checkout needed)."""
-    pool = pool or POOL
-    project = workdir or config.project_dir
-    env = {
+def _worker_env(config: StackConfig, workdir: Path | None = None) -> dict[str, str]:
+    """What the Prefect worker, and so each flow run it starts, has in its environment."""
+    return {
         **_prefect_env(config),
         **env_for(config),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-        "DET_TASKS_PROJECT_DIR": str(project),
+        "DET_TASKS_PROJECT_DIR": str(workdir or config.project_dir),
         "DET_TASKS_CACHE_DIR": str((workdir or config.root) / "cache"),
     }
+
+
+def prefect_worker_service(
+    config: StackConfig, pool: str | None = None, workdir: Path | None = None
+) -> Service:
+    """A process worker on ``pool`` (default: the stack's). With ``workdir`` it runs there,
+    in a folder of its own, as a worker on another machine would (no checkout needed).
+    The stack's own worker has its flow runs forked by the warm starter
+    (``flow_starter_service``); another starts each one cold."""
+    pool = pool or POOL
+    env = _worker_env(config, workdir)
+    if pool == POOL and workdir is None:
+        env[STARTER_ENV] = str(socket_path(config.root))
     name = "prefect-worker" if pool == POOL else f"prefect-worker-{pool}"
     argv = [
         sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
@@ -300,6 +309,32 @@ def prefect_worker_service(
         stop_timeout_s=15,
         cwd=workdir,
     )
+
+
+def flow_starter_service(config: StackConfig) -> Service:
+    """The warm flow-run starter (``flows.flow_starter``) the stack's worker's flow runs are
+    forked from, with the worker's environment: healthy once its socket answers."""
+    path = socket_path(config.root)
+    argv = [sys.executable, "-u", "-m", "flows.flow_starter", str(path)]
+    return Service(
+        "flow-starter",
+        argv,
+        lambda: _socket_answers(path),
+        config.root,
+        env=_worker_env(config),
+        start_timeout_s=60,
+        stop_timeout_s=10,
+        cwd=config.project_dir,
+    )
+
+
+def _socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 POOL = "local"
@@ -395,7 +430,7 @@ def up(
         postgres.create_databases(config.root, config.postgres_port)
     independent = [seaweed, mlflow_service(config), *_dask_services(config)]
     if prefect:
-        independent.append(prefect_server_service(config))
+        independent += [prefect_server_service(config), flow_starter_service(config)]
     start_all(independent)
     ensure_bucket(config)
     if prefect:
@@ -462,15 +497,15 @@ def _slurm_workers(config: StackConfig) -> tuple[tuple[str, ...], dict[str, str]
 
 def down(config: StackConfig | None = None) -> None:
     """Stop the stack, each service once those that write through it are gone: the Prefect
-    worker and the Dask workers first, side by side (no flow run starts on a vanishing
-    stack, and a worker's held trial ends, its last metrics and run state stored, while
-    MLflow and S3 are still up: stopped beside them, a worker waited on them until it was
-    KILLed); then the Prefect server, the Dask scheduler and MLflow side by side; then S3,
-    after MLflow (it proxies artifact uploads to S3, so none is cut off midway); then
-    PostgreSQL, after MLflow and Prefect have closed their connections."""
+    worker, its flow starter and the Dask workers first, side by side (no flow run starts
+    on a vanishing stack, and a worker's held trial ends, its last metrics and run state
+    stored, while MLflow and S3 are still up: stopped beside them, a worker waited on them
+    until it was KILLed); then the Prefect server, the Dask scheduler and MLflow side by
+    side; then S3, after MLflow (it proxies artifact uploads to S3, so none is cut off
+    midway); then PostgreSQL, after MLflow and Prefect have closed their connections."""
     config = config or StackConfig.from_env()
     scheduler, *workers = _dask_services(config)
-    stop_all([prefect_worker_service(config), *workers])
+    stop_all([prefect_worker_service(config), flow_starter_service(config), *workers])
     stop_all([prefect_server_service(config), scheduler, mlflow_service(config)])
     stop(seaweed_service(config))
     if config.postgres_port:
@@ -484,6 +519,7 @@ def stack_services(config: StackConfig) -> list[Service]:
         mlflow_service(config),
         *_dask_services(config),
         prefect_server_service(config),
+        flow_starter_service(config),
         prefect_worker_service(config),
     ]
     if config.postgres_port:

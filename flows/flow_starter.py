@@ -41,6 +41,7 @@ import socket
 import struct
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,14 +126,16 @@ def _changed(stamp: dict[str, int]) -> str | None:
     return None
 
 
-def _refusal(request: EngineRequest, stamp: dict[str, int]) -> str | None:
+def _refusal(request: EngineRequest, stamp: dict[str, int]) -> tuple[str, bool] | None:
+    """Why this starter cannot run ``request``, and whether it must start again for it."""
     if request.get("executable") != sys.executable:
-        return f"another interpreter ({request.get('executable')}, this one {sys.executable})"
+        why = f"another interpreter ({request.get('executable')}, this one {sys.executable})"
+        return why, False
     if request.get("project") != str(_PROJECT):
-        return f"another checkout ({request.get('project')}, this one {_PROJECT})"
+        return f"another checkout ({request.get('project')}, this one {_PROJECT})", False
     changed = _changed(stamp)
     if changed:
-        return f"{changed} changed since this starter imported it"
+        return f"{changed} changed since this starter imported it", True
     return None
 
 
@@ -208,11 +211,11 @@ def _take(
     for fd in fds:
         os.close(fd)
     if refusal is not None:
-        print(f"flow starter: refused a flow run: {refusal}", flush=True)
+        print(f"flow starter: refused a flow run: {refusal[0]}", flush=True)
         with contextlib.suppress(OSError):
-            send(conn, {"refused": refusal})
+            send(conn, {"refused": refusal[0]})
     conn.close()
-    if refusal is not None and "changed since" in refusal:
+    if refusal is not None and refusal[1]:
         _restart(listener)
     return None
 
@@ -224,6 +227,7 @@ def _restart(listener: socket.socket) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(address)
     sys.stdout.flush()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an ignored SIGCHLD would outlive exec
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
@@ -238,7 +242,7 @@ def _keep(conn: socket.socket, fds: list[int], request: EngineRequest) -> Engine
         pid = os.fork()
         if pid == 0:
             conn.close()
-            become_engine(fds, request)
+            _become_engine_or_exit(fds, request)
             return request
         for fd in fds:
             os.close(fd)
@@ -277,6 +281,17 @@ def _command_alive(conn: socket.socket) -> bool:
         return bool(conn.recv(1))
     except OSError:
         return False
+
+
+def _become_engine_or_exit(fds: list[int], request: EngineRequest) -> None:
+    """``become_engine``, or the reason it could not, on the command's stderr, and exit 1
+    (a working directory that is gone, say), as a cold start that failed would."""
+    try:
+        become_engine(fds, request)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def become_engine(fds: list[int], request: EngineRequest) -> None:

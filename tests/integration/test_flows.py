@@ -48,7 +48,8 @@ def test_deployment_run_experiment_const_through_server_and_worker(stack):
     deploy(stack)
     # The stack's pool starts each flow run's engine itself, in the stack's interpreter, in
     # a session of its own, with no workspace supervisor before it (flows.work_pool,
-    # flows.engine_session): the run below goes that way.
+    # flows.engine_session), forked by the stack's warm starter (flows.flow_starter): the
+    # run below goes that way.
     with get_client(sync_client=True) as prefect:
         template = prefect.read_work_pool(POOL).base_job_template
     assert template["variables"]["properties"]["command"]["default"] == engine_command()
@@ -61,6 +62,8 @@ def test_deployment_run_experiment_const_through_server_and_worker(stack):
         timeout=600,
     )
     assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+    starter_log = (stack.root / "logs" / "flow-starter.log").read_text()
+    assert f"flow run {flow_run.id} is pid" in starter_log
     parent, trials = parent_and_trials("mnist-const", str(flow_run.id))
     assert len(trials) == 1
     history = mlflow().get_metric_history(trials[0].info.run_id, "training/loss")

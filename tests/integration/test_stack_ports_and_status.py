@@ -58,6 +58,7 @@ def test_status_reports_every_running_service_up(stack: StackConfig):
         "dask-worker-0": "up",
         "dask-worker-1": "up",
         "prefect-server": "up",
+        "flow-starter": "up",
         "prefect-worker": "up",
     }, proc.stdout
 

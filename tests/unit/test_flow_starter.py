@@ -255,3 +255,30 @@ def test_a_deep_stack_folder_gets_a_socket_path_that_fits(tmp_path: Path) -> Non
     deep = tmp_path / ("d" * 120)
     path = socket_path(deep)
     assert len(os.fsencode(path)) <= 107 and path != socket_path(tmp_path / ("e" * 120))
+
+
+def test_a_flow_run_that_cannot_be_set_up_exits_1_and_says_why(
+    tmp_path: Path, starter: Path
+) -> None:
+    """A request the forked process cannot carry out (its working directory is gone) ends
+    as a failed cold start would: exit 1, the reason on the command's stderr."""
+    gone = tmp_path / "gone"
+    client = textwrap.dedent(
+        f"""
+        import json, socket, sys
+        from flows.starter_protocol import receive, send_with_streams
+        request = {{"executable": sys.executable, "project": {str(REPO)!r},
+                   "module": "engine_standin", "argv": ["x"], "path": sys.path,
+                   "env": {{}}, "cwd": {str(gone)!r}, "ignored": []}}
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect({str(starter)!r})
+            send_with_streams(sock, request)
+            print(json.dumps([receive(sock), receive(sock)]), flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", client], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    first, last = json.loads(done.stdout)
+    assert "pid" in first and last == {"exit": 1}
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{gone}'" in done.stderr

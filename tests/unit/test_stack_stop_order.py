@@ -31,7 +31,7 @@ def test_down_stops_each_service_after_those_that_write_through_it(
     monkeypatch.setattr(stack.postgres, "_bin", lambda name: name)
     stack.down(config)
     assert waves == [
-        ["prefect-worker", "dask-worker-0", "dask-worker-1"],
+        ["prefect-worker", "flow-starter", "dask-worker-0", "dask-worker-1"],
         ["prefect-server", "dask-scheduler", "mlflow"],
         ["seaweedfs"],
         ["postgres"],

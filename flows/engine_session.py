@@ -27,6 +27,14 @@ The guard gets the environment without Prefect's flow-run variables: the flow ru
 process is the one process that carries ``PREFECT__FLOW_RUN_ID``. It watches from its own
 start on (an interpreter start, about 0.1 s idle): a flow run killed before that has
 started nothing yet that it would have to end.
+
+Where the stack runs its warm starter (``flows.flow_starter``, named by
+``DET_TASKS_FLOW_STARTER``), this process imports nothing but the standard library: the
+starter forks the flow run, which takes the session and the guard above, from a process
+that has Prefect and the flows imported already. The engine's pid is then the forked
+one: this process passes on every signal it gets to it (``FORWARDED_SIGNALS``), exits with
+its status, or by the same signal, and a SIGKILL here makes the starter's keeper SIGKILL
+it. Where the starter does not take the flow run, this process runs the engine itself.
 """
 
 from __future__ import annotations

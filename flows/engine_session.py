@@ -49,11 +49,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows.starter_protocol import STARTER_ENV, receive, send_with_streams
+from flows.starter_protocol import (
+    FORWARDED_SIGNALS,
+    STARTER_ENV,
+    peer_uid,
+    process_traits,
+    receive,
+    send_with_streams,
+)
 
 __all__ = [
     "ENGINE_MODULE",
-    "FORWARDED_SIGNALS",
     "enter_own_session",
     "exit_as",
     "guard_what_this_process_starts",
@@ -62,17 +68,6 @@ __all__ = [
 ]
 
 ENGINE_MODULE = "prefect.engine"
-# What this process passes on to a flow run the starter forked: every signal a worker, a
-# shell or a user sends to stop or poke a process (SIGKILL ends this process; the starter's
-# keeper then SIGKILLs the flow run).
-FORWARDED_SIGNALS = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 # How long the starter may take to fork the flow run before this process starts it itself.
 STARTER_ANSWER_S = 10.0
 
@@ -134,17 +129,19 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
         "env": dict(os.environ),
         "cwd": os.getcwd(),
         "ignored": _ignored_signals(),
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "traits": process_traits(),
         "flow_run": os.environ.get("PREFECT__FLOW_RUN_ID", "?"),
     }
-    target: list[int] = []
+    target: list[int] = []  # the flow run's pidfd, once the starter names it
     pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
         if not target:
             pending.append(signum)
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(target[0], signum)
+        with contextlib.suppress(OSError):  # it has ended (its pidfd outlives its pid)
+            signal.pidfd_send_signal(target[0], signum)
 
     previous = {
         signum: signal.signal(signum, forward)
@@ -155,11 +152,15 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
         sock.settimeout(STARTER_ANSWER_S)
         try:
             sock.connect(str(path))
+            if peer_uid(sock) != os.getuid():
+                raise ConnectionRefusedError(f"it runs as user {peer_uid(sock)}, not this one")
             send_with_streams(sock, request)
             reply = receive(sock)
+            if reply and "pid" in reply:
+                target.append(_pidfd(int(reply["pid"])))
         except (OSError, EOFError, ValueError) as exc:
             reply = {"refused": f"no answer from {path} ({exc})"}
-        if not reply or "pid" not in reply:
+        if not target:
             why = (reply or {}).get("refused", "it closed the connection")
             print(f"flow starter not used ({why}); starting the engine here", file=sys.stderr)
             for forwarded, handler in previous.items():
@@ -167,26 +168,31 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
             for waiting in pending:
                 os.kill(os.getpid(), waiting)
             return None
-        target.append(int(reply["pid"]))
         for waiting in pending:
             forward(waiting, None)
         sock.settimeout(None)
-        outcome = receive(sock)
+        try:
+            outcome = receive(sock)
+        except (OSError, EOFError, ValueError):
+            outcome = None
     if outcome is None or "exit" not in outcome:  # the keeper died: wait for the run itself
         _wait_gone(target[0])
         return 1
     return int(outcome["exit"])
 
 
-def _wait_gone(pid: int) -> None:
+def _pidfd(pid: int) -> int:
+    """A handle on the flow run that a reused pid cannot fool; -1 once it has already
+    ended (the keeper still sends how)."""
     try:
-        pidfd = os.pidfd_open(pid)
+        return os.pidfd_open(pid)
     except ProcessLookupError:
-        return
-    try:
+        return -1
+
+
+def _wait_gone(pidfd: int) -> None:
+    if pidfd >= 0:
         select.select([pidfd], [], [])
-    finally:
-        os.close(pidfd)
 
 
 def exit_as(code: int) -> None:

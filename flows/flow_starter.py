@@ -9,22 +9,28 @@ workers fork from a warm forkserver for the same reason (``cluster.warm_forkserv
 
 How a flow run goes through it: the pool's command (``python -m flows.engine_session``, an
 interpreter that imports only the standard library) sends its arguments, environment,
-working directory, ``sys.path``, the signals it ignores, and its standard streams over
-this process's Unix socket (``flows.starter_protocol``). This process forks a *keeper* in
-a session of its own, and the keeper forks the flow run:
+working directory, ``sys.path``, signal dispositions and mask, its process traits
+(``starter_protocol.process_traits``) and its standard streams over this process's Unix
+socket (``flows.starter_protocol``). This process forks a *keeper* in a session of its
+own, and the keeper forks the flow run:
 
-- the flow run: a session of its own, the command's streams, environment, directory,
-  path and signal dispositions, Prefect's settings read again from that environment, the
-  guard of what it starts (as ``flows.engine_session`` gives a cold start), then the
-  engine module run as ``__main__``, exiting as that interpreter would;
+- the flow run: a session of its own, the command's streams (buffered as the command's
+  would be), environment (with the defaults this process's imports set), directory, path,
+  signal dispositions and mask, Prefect's settings and logging and Dask's configuration
+  read again from that environment, the guard of what it starts (as
+  ``flows.engine_session`` gives a cold start), then the engine module run as
+  ``__main__``, exiting as that interpreter would. The forwarded signals stay blocked
+  until then: one sent while it starts is delivered, not lost;
 - the keeper: sends the command the flow run's pid (the command forwards the signals it
   gets to it), its exit status once it ends, and SIGKILLs it if the command dies (a
   worker's SIGKILL after its grace: the cold engine would have died with it).
 
 Stopping this process (``make down``) leaves the flow runs it started running, as stopping
-the Prefect worker does. It answers only its own user, and refuses (the command then
-starts the engine itself) a request from another interpreter or checkout, or once a
-source file it imported has changed: it then starts itself again with the new code.
+the Prefect worker does. It answers only its own user, through a socket in a folder only
+that user can open, and refuses (the command then starts the engine itself) a command of
+another interpreter or checkout or with other traits, or once a file it imported (the
+platform's or an installed package's) has changed: it then starts itself again, with
+the new code. What it forked shows in ``ps`` as ``python -m flows.flow_starter``.
 
     python -m flows.flow_starter SOCKET
 """
@@ -38,21 +44,24 @@ import runpy
 import selectors
 import signal
 import socket
-import struct
+import stat
 import sys
 import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from flows.starter_protocol import (
+    FORWARDED_SIGNALS,
     STREAMS,
+    peer_uid,
+    process_traits,
     receive_with_streams,
     send,
 )
 
-__all__ = ["PRELOAD", "EngineRequest", "main", "serve", "source_stamp"]
+__all__ = ["PRELOAD", "EngineRequest", "become_engine", "main", "preload", "serve", "source_stamp"]
 
 # What an experiment's flow run imports before its first trial starts, in order: Prefect's
 # engine, then the flows and what they import lazily (MLflow's client, boto3, Dask's
@@ -90,6 +99,16 @@ _PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 EngineRequest = dict[str, Any]
 
 
+class _Starter:
+    """What the serving process knows of itself: what its imports put in the environment,
+    the files it imported and when, and its traits."""
+
+    def __init__(self, env_before: dict[str, str], started_ns: int) -> None:
+        self.env_defaults = {k: v for k, v in os.environ.items() if k not in env_before}
+        self.stamp = source_stamp(started_ns)
+        self.traits = process_traits()
+
+
 def preload() -> list[str]:
     """Import ``PRELOAD``; a module that fails to import here is left to the flow run, which
     reports the error as a cold start would. Returns those that failed."""
@@ -103,16 +122,19 @@ def preload() -> list[str]:
     return failed
 
 
-def source_stamp() -> dict[str, int]:
-    """The modification times of the project's source files imported so far (not those of
-    an environment kept inside the checkout)."""
+def source_stamp(started_ns: int = 0) -> dict[str, int]:
+    """The modification times of every file imported so far, the platform's and the
+    installed packages'; a file changed after ``started_ns`` (while this process imported
+    it) is recorded as changed already (one dated in the future, a skewed clock, is not)."""
     stamp = {}
-    environments = (sys.prefix + os.sep, sys.base_prefix + os.sep)
+    now = time.time_ns()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if path and path.startswith(str(_PROJECT) + os.sep) and not path.startswith(environments):
-            with contextlib.suppress(OSError):
-                stamp[path] = os.stat(path).st_mtime_ns
+        if not path:
+            continue
+        with contextlib.suppress(OSError):
+            mtime = os.stat(path).st_mtime_ns
+            stamp[path] = 0 if started_ns < mtime <= now and started_ns else mtime
     return stamp
 
 
@@ -126,72 +148,111 @@ def _changed(stamp: dict[str, int]) -> str | None:
     return None
 
 
-def _refusal(request: EngineRequest, stamp: dict[str, int]) -> tuple[str, bool] | None:
+def _refusal(request: EngineRequest, starter: _Starter) -> tuple[str, bool] | None:
     """Why this starter cannot run ``request``, and whether it must start again for it."""
     if request.get("executable") != sys.executable:
         why = f"another interpreter ({request.get('executable')}, this one {sys.executable})"
         return why, False
     if request.get("project") != str(_PROJECT):
         return f"another checkout ({request.get('project')}, this one {_PROJECT})", False
-    changed = _changed(stamp)
+    theirs = request.get("traits", {})
+    for trait, ours in starter.traits.items():
+        if theirs.get(trait) != _as_json(ours):
+            return f"the command's {trait}: not this starter's", False
+    changed = _changed(starter.stamp)
     if changed:
         return f"{changed} changed since this starter imported it", True
     return None
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+def _as_json(value: Any) -> Any:
+    """``value`` as it comes back from JSON (tuples as lists)."""
+    if isinstance(value, tuple | list):
+        return [_as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    return value
+
+
+def _private_folder(folder: Path) -> None:
+    """``folder``, made if missing, must be this user's alone: a socket in a folder that
+    another user can write to could be replaced by theirs."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SystemExit(
+            f"flow starter: {folder} must be a folder of this user's (uid {os.getuid()}) that "
+            f"no one else can open (mode 0700); it is not. Remove it, or give "
+            f"`python -m flows.flow_starter` a socket path in a folder of your own."
+        )
 
 
 @contextlib.contextmanager
 def _listening(path: Path) -> Iterator[socket.socket]:
-    """The socket, owner-only; removed when the server (not a process it forked) leaves."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """The socket, owner-only, in a private folder; removed when the server (not a process
+    it forked) leaves, unless another starter has taken the path since."""
+    _private_folder(path.parent)
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server = os.getpid()
+    inode = None
     try:
         old_umask = os.umask(0o077)
         try:
             listener.bind(str(path))
         finally:
             os.umask(old_umask)
+        inode = os.stat(path).st_ino
         listener.listen(64)
         yield listener
     finally:
         if os.getpid() == server:
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            _unlink_if(path, inode)
+
+
+def _unlink_if(path: Path | str, inode: int | None) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if inode is not None and os.stat(path).st_ino == inode:
+            os.unlink(path)
 
 
 def _stop(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve(path: Path) -> EngineRequest:
+def _reap_children() -> None:
+    """Keepers that ended before this process (started again by ``_restart``) ignored
+    SIGCHLD are zombies of it; ignoring SIGCHLD later would not reap them."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def serve(path: Path, starter: _Starter) -> EngineRequest:
     """Answer requests on ``path`` until stopped. Returns only in a forked flow run, with
     the request it is to carry out (``become_engine``)."""
-    stamp = source_stamp()
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _stop)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the keepers
+    _reap_children()
     with _listening(path) as listener:
-        print(f"flow starter: ready on {path} ({len(stamp)} project files loaded)", flush=True)
+        print(
+            f"flow starter: ready on {path} ({len(starter.stamp)} files imported; "
+            f"variables their imports set: {sorted(starter.env_defaults) or 'none'})",
+            flush=True,
+        )
         while True:
             conn, _ = listener.accept()
-            request = _take(conn, stamp, listener)
+            request = _take(conn, starter, listener)
             if request is not None:
                 return request
 
 
-def _take(
-    conn: socket.socket, stamp: dict[str, int], listener: socket.socket
-) -> EngineRequest | None:
+def _take(conn: socket.socket, starter: _Starter, listener: socket.socket) -> EngineRequest | None:
     """One request: refused, or a keeper forked for it. Returns the request in the flow run."""
     try:
-        if _peer_uid(conn) != os.getuid():
+        if peer_uid(conn) != os.getuid():
             conn.close()
             return None
         conn.settimeout(_REQUEST_TIMEOUT_S)
@@ -204,10 +265,14 @@ def _take(
         print(f"flow starter: dropped a request: {exc}", flush=True)
         conn.close()
         return None
-    refusal = _refusal(request, stamp)
-    if refusal is None and os.fork() == 0:
-        listener.close()
-        return _keep(conn, fds, request)
+    refusal = _refusal(request, starter)
+    if refusal is None:
+        try:
+            if os.fork() == 0:
+                listener.close()
+                return _keep(conn, fds, request, starter)
+        except OSError as exc:
+            refusal = f"could not fork the flow run ({exc})", False
     for fd in fds:
         os.close(fd)
     if refusal is not None:
@@ -223,35 +288,45 @@ def _take(
 def _restart(listener: socket.socket) -> None:
     """Start again with the changed code (the socket is made anew)."""
     address = listener.getsockname()
+    inode = os.stat(address).st_ino
     listener.close()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(address)
+    _unlink_if(address, inode)
     sys.stdout.flush()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an ignored SIGCHLD would outlive exec
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
-def _keep(conn: socket.socket, fds: list[int], request: EngineRequest) -> EngineRequest:
+def _keep(
+    conn: socket.socket, fds: list[int], request: EngineRequest, starter: _Starter
+) -> EngineRequest:
     """The keeper: fork the flow run, tell the command its pid and exit status, and end it
-    if the command dies first. Returns only in the flow run."""
+    if the command dies first. Returns only in the flow run, with the forwarded signals
+    still blocked (``main`` unblocks them as the engine starts)."""
     try:
         os.setsid()
-        for signum in (*_STOP_SIGNALS, signal.SIGQUIT):
-            signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         pid = os.fork()
-        if pid == 0:
-            conn.close()
-            _become_engine_or_exit(fds, request)
-            return request
+    except BaseException as exc:  # the keeper never returns to the server's loop
+        _keeper_failed(exc)
+    if pid == 0:
+        conn.close()
+        _become_engine_or_exit(fds, request, starter.env_defaults)
+        return request
+    try:
         for fd in fds:
             os.close(fd)
         print(f"flow starter: flow run {request.get('flow_run', '?')} is pid {pid}", flush=True)
         _watch(conn, pid)
-    except BaseException as exc:  # the keeper never returns to the server's loop
-        with contextlib.suppress(BaseException):
-            print(f"flow starter: keeper failed: {exc!r}", flush=True)
+    except BaseException as exc:
+        _keeper_failed(exc)
     os._exit(0)
+
+
+def _keeper_failed(exc: BaseException) -> NoReturn:
+    with contextlib.suppress(BaseException):
+        print(f"flow starter: keeper failed: {exc!r}", flush=True)
+    os._exit(1)
 
 
 def _watch(conn: socket.socket, pid: int) -> None:
@@ -283,20 +358,26 @@ def _command_alive(conn: socket.socket) -> bool:
         return False
 
 
-def _become_engine_or_exit(fds: list[int], request: EngineRequest) -> None:
+def _become_engine_or_exit(
+    fds: list[int], request: EngineRequest, env_defaults: dict[str, str]
+) -> None:
     """``become_engine``, or the reason it could not, on the command's stderr, and exit 1
     (a working directory that is gone, say), as a cold start that failed would."""
     try:
-        become_engine(fds, request)
+        become_engine(fds, request, env_defaults)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
 
 
-def become_engine(fds: list[int], request: EngineRequest) -> None:
-    """Turn this fork into the command's flow run: its session, streams, signals,
-    environment, directory, path and arguments, Prefect's settings and the guard."""
+def become_engine(
+    fds: list[int], request: EngineRequest, env_defaults: dict[str, str] | None = None
+) -> None:
+    """Turn this fork into the command's flow run: its session, streams, signal
+    dispositions, environment (with ``env_defaults`` where it has none of its own: what
+    this process's imports set), directory, path and arguments, what read the environment
+    at import, and the guard. The signal mask is ``main``'s to set."""
     from flows.engine_session import guard_what_this_process_starts
 
     os.setsid()
@@ -304,17 +385,14 @@ def become_engine(fds: list[int], request: EngineRequest) -> None:
         os.dup2(fd, target)
         if fd not in STREAMS:
             os.close(fd)
-    ignored = set(request.get("ignored", []))
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            ignore = signum in ignored or signum in _PYTHON_IGNORES
-            signal.signal(signum, signal.SIG_IGN if ignore else signal.SIG_DFL)
-    if signal.SIGINT not in ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _set_dispositions(set(request.get("ignored", [])))
     os.environ.clear()
     os.environ.update(request["env"])
+    for name, value in (env_defaults or {}).items():
+        os.environ.setdefault(name, value)
+    time.tzset()
+    _buffer_streams_as_the_command()
+    os.umask(request["traits"]["umask"])
     os.chdir(request["cwd"])
     sys.path[:] = request["path"]
     sys.argv = list(request["argv"])
@@ -323,15 +401,39 @@ def become_engine(fds: list[int], request: EngineRequest) -> None:
     guard_what_this_process_starts()
 
 
+def _set_dispositions(ignored: set[int]) -> None:
+    """The dispositions an interpreter started by the command would have: what the
+    command ignores stays ignored, Python's own start-up choices, the rest the default."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            ignore = signum in ignored or signum in _PYTHON_IGNORES
+            signal.signal(signum, signal.SIG_IGN if ignore else signal.SIG_DFL)
+    if signal.SIGINT not in ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _buffer_streams_as_the_command() -> None:
+    """stdout line-buffered on a terminal, block-buffered elsewhere; both written through
+    with ``PYTHONUNBUFFERED``: as the interpreter sets them at its start."""
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.reconfigure(write_through=unbuffered)  # type: ignore[union-attr]
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
+
+
 def _read_settings_again() -> None:
     """What read the environment at import, read again from the flow run's: Prefect's
-    settings and its logging levels, and Dask's configuration."""
+    settings and its whole logging set-up, and Dask's configuration."""
     context = sys.modules.get("prefect.context")
     if context is not None:
         context.refresh_global_settings_context()
         logging_setup = sys.modules.get("prefect.logging.configuration")
         if logging_setup is not None:
-            logging_setup.setup_logging()
+            logging_setup.setup_logging(incremental=False)
     dask_config = sys.modules.get("dask.config")
     if dask_config is not None:
         dask_config.refresh()
@@ -341,10 +443,14 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m flows.flow_starter SOCKET")
-    started = time.monotonic()
+    env_before = dict(os.environ)
+    started_ns = time.time_ns()
     preload()
-    print(f"flow starter: imported in {time.monotonic() - started:.1f} s", flush=True)
-    request = serve(Path(args[0]))
+    starter = _Starter(env_before, started_ns)
+    print(f"flow starter: imported in {(time.time_ns() - started_ns) / 1e9:.1f} s", flush=True)
+    request = serve(Path(args[0]), starter)
+    # The flow run, set up: the signals a command sent while it started are delivered now.
+    signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", []))
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 

@@ -16,15 +16,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+import signal
 import socket
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "FORWARDED_SIGNALS",
     "STARTER_ENV",
     "STREAMS",
+    "peer_uid",
+    "process_traits",
     "receive",
     "receive_with_streams",
     "send",
@@ -37,6 +43,18 @@ __all__ = [
 # the engine itself.
 STARTER_ENV = "DET_TASKS_FLOW_STARTER"
 STREAMS = (0, 1, 2)
+# What the command passes on to the flow run the starter forked: every signal a worker, a
+# shell or a user sends to stop or poke a process (a SIGKILLed command's flow run is
+# SIGKILLed by the starter's keeper). The keeper holds them blocked until the flow run is
+# ready for them, so one sent while it starts waits instead of being lost.
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 _HEADER = struct.Struct(">I")
 _MAX_MESSAGE = 16 * 1024 * 1024
 _SUN_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
@@ -51,6 +69,44 @@ def socket_path(root: Path) -> Path:
         return inside
     digest = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"det-tasks-{os.getuid()}" / f"flow-starter-{digest}.sock"
+
+
+def process_traits() -> dict[str, Any]:
+    """What a process inherits that an interpreter or its imports read once, at start, and a
+    fork cannot take from the command: the interpreter's flags and ``PYTHON*`` variables
+    (``PYTHONUNBUFFERED`` aside: the flow run's streams are set from it), the umask, the
+    resource limits, the scheduling priority and the control groups. The starter takes a
+    flow run only from a command whose traits are its own."""
+    umask = os.umask(0)
+    os.umask(umask)
+    limits = {
+        name: list(resource.getrlimit(getattr(resource, name)))
+        for name in dir(resource)
+        if name.startswith("RLIMIT_")
+    }
+    try:
+        with open("/proc/self/cgroup") as cgroup:
+            groups = cgroup.read()
+    except OSError:
+        groups = ""
+    return {
+        "interpreter flags": list(sys.flags),
+        "PYTHON* variables": sorted(
+            (k, v)
+            for k, v in os.environ.items()
+            if k.startswith("PYTHON") and k != "PYTHONUNBUFFERED"
+        ),
+        "umask": umask,
+        "resource limits": limits,
+        "priority": os.getpriority(os.PRIO_PROCESS, 0),
+        "control groups": groups,
+    }
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user of the process at the other end of a connected Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 def _frame(message: dict[str, Any]) -> bytes:

@@ -315,7 +315,7 @@ def flow_starter_service(config: StackConfig) -> Service:
     """The warm flow-run starter (``flows.flow_starter``) the stack's worker's flow runs are
     forked from, with the worker's environment: healthy once its socket answers."""
     path = socket_path(config.root)
-    argv = [sys.executable, "-u", "-m", "flows.flow_starter", str(path)]
+    argv = [sys.executable, "-m", "flows.flow_starter", str(path)]
     return Service(
         "flow-starter",
         argv,

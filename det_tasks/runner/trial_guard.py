@@ -39,9 +39,15 @@ def guard(pid: int, mark: str) -> int:
         signal.signal(signum, signal.SIG_IGN)
     try:
         runner = psutil.Process(pid)
+        if mark != f"{pid}-{runner.create_time():.3f}":  # the pid is another process's now
+            raise psutil.NoSuchProcess(pid)
         watch = os.pidfd_open(pid)
     except (psutil.Error, OSError):
-        return 0  # gone already: nothing of it was noted
+        # Gone before this guard could watch it (a flow run forked warm can start, and be
+        # killed, within an interpreter's start): nothing was noted, but what it started
+        # carries its mark.
+        end_processes(list(_marked(mark)))
+        return 0
     kept: set[Key] = set()
     seen: dict[Key, psutil.Process] = {}
     stdin: int | None = sys.stdin.fileno()

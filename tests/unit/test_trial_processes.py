@@ -6,6 +6,7 @@ case runs in a process of its own, as a trial's runner does (a Dask worker,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -165,3 +166,50 @@ def test_det_tasks_runs_processes_end_when_it_exits_with_an_error() -> None:
     assert out == ["4"], err
     assert _left(marker) == []  # ended before the process exited: nothing to wait for
     assert _settled(marker, runner) == []
+
+
+MARKS_AND_EXITS = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from det_tasks.runner.trial_processes import mark_what_this_process_starts
+    mark = mark_what_this_process_starts()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(1000)", sys.argv[1]]
+    child = subprocess.Popen(sleeper, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(os.getpid(), mark, child.pid, flush=True)
+    """
+)
+
+
+def test_a_guard_that_starts_after_its_runner_is_gone_still_ends_what_it_started() -> None:
+    """A flow run forked warm can start a process, and be killed, before its guard's
+    interpreter has started: the guard finds the pid gone, or another process's (the
+    create time in the mark differs), and ends what carries the mark."""
+    for reused in (False, True):
+        marker = f"guard-late-{uuid.uuid4().hex}"
+        done = subprocess.run(
+            [sys.executable, "-c", MARKS_AND_EXITS, marker],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        pid, mark, child = done.stdout.split()
+        assert psutil.pid_exists(int(child))
+        watched = str(os.getpid()) if reused else pid  # a live process that is not the runner
+        try:
+            guard = subprocess.run(
+                [sys.executable, "-m", "det_tasks.runner.trial_guard", watched, mark],
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
+            assert guard.returncode == 0
+            with_marker = [
+                p
+                for p in psutil.process_iter(["cmdline", "status"])
+                if marker in (p.info["cmdline"] or []) and p.info["status"] != "zombie"
+            ]
+            assert with_marker == []
+        finally:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(int(child)).kill()

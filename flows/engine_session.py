@@ -116,11 +116,9 @@ def _ignored_signals() -> list[int]:
     return ignored
 
 
-def start_through_starter(path: Path, module: str, argv: list[str]) -> int | None:
-    """Have the starter on ``path`` fork the flow run (``module`` as ``__main__`` with
-    ``argv``), pass it the signals this process gets, and return its exit code once it ends;
-    None, with nothing started, where the starter does not take it."""
-    request: dict[str, Any] = {
+def _request(module: str, argv: list[str]) -> dict[str, Any]:
+    """What the starter needs to fork the flow run this process would have run."""
+    return {
         "executable": sys.executable,
         "project": str(Path(__file__).resolve().parents[1]),
         "module": module,
@@ -133,6 +131,13 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
         "traits": process_traits(),
         "flow_run": os.environ.get("PREFECT__FLOW_RUN_ID", "?"),
     }
+
+
+def start_through_starter(path: Path, module: str, argv: list[str]) -> int | None:
+    """Have the starter on ``path`` fork the flow run (``module`` as ``__main__`` with
+    ``argv``), pass it the signals this process gets, and return its exit code once it ends;
+    None, with nothing started, where the starter does not take it."""
+    request = _request(module, argv)
     target: list[int] = []  # the flow run's pidfd, once the starter names it
     pending: list[int] = []
 
@@ -170,13 +175,19 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
             return None
         for waiting in pending:
             forward(waiting, None)
-        sock.settimeout(None)
-        try:
-            outcome = receive(sock)
-        except (OSError, EOFError, ValueError):
-            outcome = None
-    if outcome is None or "exit" not in outcome:  # the keeper died: wait for the run itself
-        _wait_gone(target[0])
+        return _outcome(sock, target[0])
+
+
+def _outcome(sock: socket.socket, pidfd: int) -> int:
+    """The flow run's exit code, as its keeper sends it; 1 once the flow run has ended
+    where the keeper died first."""
+    sock.settimeout(None)
+    try:
+        outcome = receive(sock)
+    except (OSError, EOFError, ValueError):
+        outcome = None
+    if outcome is None or "exit" not in outcome:
+        _wait_gone(pidfd)
         return 1
     return int(outcome["exit"])
 

@@ -155,7 +155,9 @@ def _refusal(request: EngineRequest, starter: _Starter) -> tuple[str, bool] | No
         return why, False
     if request.get("project") != str(_PROJECT):
         return f"another checkout ({request.get('project')}, this one {_PROJECT})", False
-    theirs = request.get("traits", {})
+    theirs = request.get("traits")
+    if not isinstance(theirs, dict):
+        return "a request without the command's traits (an older command?)", False
     for trait, ours in starter.traits.items():
         if theirs.get(trait) != _as_json(ours):
             return f"the command's {trait}: not this starter's", False

@@ -410,9 +410,14 @@ def _ask(starter: Starter, request: dict, tmp_path: Path) -> tuple[list, str]:
     return json.loads(done.stdout), done.stderr
 
 
-def test_another_checkout_is_refused(tmp_path: Path, starter: Starter) -> None:
+def test_another_checkout_or_a_request_without_traits_is_refused(
+    tmp_path: Path, starter: Starter
+) -> None:
     replies, _ = _ask(starter, {"project": str(tmp_path)}, tmp_path)
     assert replies == [{"refused": f"another checkout ({tmp_path}, this one {REPO})"}]
+    replies, _ = _ask(starter, {"traits": None}, tmp_path)
+    assert replies == [{"refused": "a request without the command's traits (an older command?)"}]
+    assert starter.process.poll() is None  # and it serves on
 
 
 def test_a_flow_run_that_cannot_be_set_up_exits_1_and_says_why(

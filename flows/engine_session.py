@@ -51,6 +51,7 @@ from typing import Any
 
 from flows.starter_protocol import (
     FORWARDED_SIGNALS,
+    PROJECT,
     STARTER_ENV,
     peer_uid,
     process_traits,
@@ -120,7 +121,7 @@ def _request(module: str, argv: list[str]) -> dict[str, Any]:
     """What the starter needs to fork the flow run this process would have run."""
     return {
         "executable": sys.executable,
-        "project": str(Path(__file__).resolve().parents[1]),
+        "project": str(PROJECT),
         "module": module,
         "argv": argv,
         "path": sys.path,

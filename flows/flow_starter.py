@@ -54,6 +54,7 @@ from typing import Any, NoReturn
 
 from flows.starter_protocol import (
     FORWARDED_SIGNALS,
+    PROJECT,
     STREAMS,
     peer_uid,
     process_traits,
@@ -90,7 +91,6 @@ PRELOAD = (
     "det_tasks.config.entered",
     "det_tasks.runner.trial_processes",
 )
-_PROJECT = Path(__file__).resolve().parents[1]
 _REQUEST_TIMEOUT_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Python ignores these at its start; every other catchable signal starts at its default.
@@ -153,27 +153,18 @@ def _refusal(request: EngineRequest, starter: _Starter) -> tuple[str, bool] | No
     if request.get("executable") != sys.executable:
         why = f"another interpreter ({request.get('executable')}, this one {sys.executable})"
         return why, False
-    if request.get("project") != str(_PROJECT):
-        return f"another checkout ({request.get('project')}, this one {_PROJECT})", False
+    if request.get("project") != str(PROJECT):
+        return f"another checkout ({request.get('project')}, this one {PROJECT})", False
     theirs = request.get("traits")
     if not isinstance(theirs, dict):
         return "a request without the command's traits (an older command?)", False
     for trait, ours in starter.traits.items():
-        if theirs.get(trait) != _as_json(ours):
+        if theirs.get(trait) != ours:
             return f"the command's {trait}: not this starter's", False
     changed = _changed(starter.stamp)
     if changed:
         return f"{changed} changed since this starter imported it", True
     return None
-
-
-def _as_json(value: Any) -> Any:
-    """``value`` as it comes back from JSON (tuples as lists)."""
-    if isinstance(value, tuple | list):
-        return [_as_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _as_json(v) for k, v in value.items()}
-    return value
 
 
 def _private_folder(folder: Path) -> None:
@@ -394,7 +385,6 @@ def become_engine(
         os.environ.setdefault(name, value)
     time.tzset()
     _buffer_streams_as_the_command()
-    os.umask(request["traits"]["umask"])
     os.chdir(request["cwd"])
     sys.path[:] = request["path"]
     sys.argv = list(request["argv"])

@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "FORWARDED_SIGNALS",
+    "PROJECT",
     "STARTER_ENV",
     "STREAMS",
     "peer_uid",
@@ -43,6 +44,8 @@ __all__ = [
 # the engine itself.
 STARTER_ENV = "DET_TASKS_FLOW_STARTER"
 STREAMS = (0, 1, 2)
+# The checkout (or installation) both sides run from: the starter serves only its own.
+PROJECT = Path(__file__).resolve().parents[1]
 # What the command passes on to the flow run the starter forked: every signal a worker, a
 # shell or a user sends to stop or poke a process (a SIGKILLed command's flow run is
 # SIGKILLed by the starter's keeper). The keeper holds them blocked until the flow run is
@@ -89,7 +92,7 @@ def process_traits() -> dict[str, Any]:
             groups = cgroup.read()
     except OSError:
         groups = ""
-    return {
+    traits = {
         "interpreter flags": list(sys.flags),
         "PYTHON* variables": sorted(
             (k, v)
@@ -101,6 +104,7 @@ def process_traits() -> dict[str, Any]:
         "priority": os.getpriority(os.PRIO_PROCESS, 0),
         "control groups": groups,
     }
+    return json.loads(json.dumps(traits))  # as the other side reads them (lists, not tuples)
 
 
 def peer_uid(sock: socket.socket) -> int:

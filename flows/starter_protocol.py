@@ -123,10 +123,13 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 
 def send_with_streams(sock: socket.socket, message: dict[str, Any]) -> None:
-    """``message`` with this process's standard streams attached."""
+    """``message`` with this process's standard streams attached. Nothing is sent once the
+    frame is out: the starter may already have answered and closed, and an empty send to a
+    closed peer fails with EPIPE."""
     frame = _frame(message)
     sent = socket.send_fds(sock, [frame], list(STREAMS))
-    sock.sendall(frame[sent:])
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
 
 
 def _exactly(sock: socket.socket, size: int, start: bytes = b"") -> bytes:

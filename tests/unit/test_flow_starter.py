@@ -23,7 +23,14 @@ import psutil
 import pytest
 
 from flows.flow_starter import _changed, source_stamp
-from flows.starter_protocol import STARTER_ENV, socket_path
+from flows.starter_protocol import (
+    STARTER_ENV,
+    receive,
+    receive_with_streams,
+    send,
+    send_with_streams,
+    socket_path,
+)
 from tests.integration.helpers import REPO, wait_for
 
 STANDIN = textwrap.dedent(
@@ -447,3 +454,29 @@ def test_a_deep_stack_folder_gets_a_socket_path_that_fits(tmp_path: Path) -> Non
     deep = tmp_path / ("d" * 120)
     path = socket_path(deep)
     assert len(os.fsencode(path)) <= 107 and path != socket_path(tmp_path / ("e" * 120))
+
+
+def test_a_request_the_starter_answers_and_closes_at_once_is_not_a_broken_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The starter reads the whole request, refuses it and closes before the command's
+    send call has returned: the command must still read the refusal, not fail on EPIPE."""
+    command, starter_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    real_send_fds = socket.send_fds
+    received: list[dict] = []
+
+    def send_then_the_starter_answers(sock, buffers, fds):  # type: ignore[no-untyped-def]
+        sent = real_send_fds(sock, buffers, fds)
+        request, streams = receive_with_streams(starter_end)
+        received.append(request)
+        for fd in streams:
+            os.close(fd)
+        send(starter_end, {"refused": "another checkout"})
+        starter_end.close()
+        return sent
+
+    monkeypatch.setattr(socket, "send_fds", send_then_the_starter_answers)
+    with command:
+        send_with_streams(command, {"project": "/elsewhere"})
+        assert receive(command) == {"refused": "another checkout"}
+    assert received == [{"project": "/elsewhere"}]

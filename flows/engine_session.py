@@ -56,6 +56,7 @@ from flows.starter_protocol import (
     peer_uid,
     process_traits,
     receive,
+    send,
     send_with_streams,
 )
 
@@ -163,7 +164,14 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
             send_with_streams(sock, request)
             reply = receive(sock)
             if reply and "pid" in reply:
-                target.append(_pidfd(int(reply["pid"])))
+                pidfd = _pidfd(int(reply["pid"]))
+                try:
+                    send(sock, {"go": True})  # from here the flow run is the starter's
+                except OSError:
+                    if pidfd >= 0:
+                        os.close(pidfd)
+                    raise
+                target.append(pidfd)
         except (OSError, EOFError, ValueError) as exc:
             reply = {"refused": f"no answer from {path} ({exc})"}
         if not target:

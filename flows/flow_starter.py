@@ -21,9 +21,12 @@ own, and the keeper forks the flow run:
   ``flows.engine_session`` gives a cold start), then the engine module run as
   ``__main__``, exiting as that interpreter would. The forwarded signals stay blocked
   until then: one sent while it starts is delivered, not lost;
-- the keeper: sends the command the flow run's pid (the command forwards the signals it
-  gets to it), its exit status once it ends, and SIGKILLs it if the command dies (a
-  worker's SIGKILL after its grace: the cold engine would have died with it).
+- the keeper: sends the command the flow run's pid, and lets the flow run start only once
+  the command answers that it takes it (a command that gave up waiting has started the
+  engine itself, and the unstarted fork is killed: a flow run never runs twice). Then it
+  sends the command the flow run's exit status once it ends, and SIGKILLs it if the
+  command dies (a worker's SIGKILL after its grace: the cold engine would have died with
+  it). The command forwards the signals it gets to the flow run.
 
 Stopping this process (``make down``) leaves the flow runs it started running, as stopping
 the Prefect worker does. It answers only its own user, through a socket in a folder only
@@ -58,6 +61,7 @@ from flows.starter_protocol import (
     STREAMS,
     peer_uid,
     process_traits,
+    receive,
     receive_with_streams,
     send,
 )
@@ -299,21 +303,53 @@ def _keep(
         os.setsid()
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        go_read, go_write = os.pipe()
         pid = os.fork()
     except BaseException as exc:  # the keeper never returns to the server's loop
         _keeper_failed(exc)
     if pid == 0:
         conn.close()
+        os.close(go_write)
+        _wait_for_go(go_read)
         _become_engine_or_exit(fds, request, starter.env_defaults)
         return request
     try:
+        os.close(go_read)
         for fd in fds:
             os.close(fd)
         print(f"flow starter: flow run {request.get('flow_run', '?')} is pid {pid}", flush=True)
-        _watch(conn, pid)
+        if _command_says_go(conn, pid):
+            with contextlib.suppress(OSError):  # it failed already: its pidfd says so
+                os.write(go_write, b"g")
+            os.close(go_write)
+            _watch(conn, pid)
+        else:
+            print(
+                f"flow starter: pid {pid} ended unstarted: its command went on without it",
+                flush=True,
+            )
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     except BaseException as exc:
         _keeper_failed(exc)
     os._exit(0)
+
+
+def _wait_for_go(go_read: int) -> None:
+    """Run nothing of the flow run until its command has taken it: a command that gave up
+    waiting for the starter runs the engine itself, and one flow run must not run twice."""
+    if os.read(go_read, 1) != b"g":
+        os._exit(1)  # the keeper ended without a go
+    os.close(go_read)
+
+
+def _command_says_go(conn: socket.socket, pid: int) -> bool:
+    """Name the flow run to its command and wait for the command to take it."""
+    try:
+        send(conn, {"pid": pid})
+        return receive(conn) == {"go": True}
+    except (OSError, EOFError, ValueError):
+        return False
 
 
 def _keeper_failed(exc: BaseException) -> NoReturn:
@@ -323,10 +359,7 @@ def _keeper_failed(exc: BaseException) -> NoReturn:
 
 
 def _watch(conn: socket.socket, pid: int) -> None:
-    try:
-        send(conn, {"pid": pid})
-    except OSError:
-        os.kill(pid, signal.SIGKILL)  # the command is already gone
+    """Send the command the flow run's exit status; end the flow run if the command dies."""
     selector = selectors.DefaultSelector()
     pidfd = os.pidfd_open(pid)
     selector.register(pidfd, selectors.EVENT_READ)

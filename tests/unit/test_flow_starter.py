@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -385,28 +386,38 @@ def test_a_command_unlike_the_starter_is_refused_and_starts_the_engine_itself(
     wait_for(lambda: not _marked(marker), 15, "the guard to end the helper it left")
 
 
-def _ask(starter: Starter, request: dict, tmp_path: Path) -> tuple[list, str]:
+def _ask(
+    starter: Starter, request: dict, tmp_path: Path, gives_up: str = "never"
+) -> tuple[list, str]:
     """``request`` sent as the command sends one, from a process whose streams are pipes;
-    every reply, and what the forked process wrote to stderr."""
+    every reply, and what the forked process wrote to stderr. ``gives_up``: "never" (it
+    takes the flow run it is named), "at once" (it closes as soon as its request is out) or
+    "at the pid" (named the flow run, it closes instead of taking it): a command whose wait
+    for the starter ran out."""
     client = textwrap.dedent(
         f"""
         import json, socket, sys
-        from flows.starter_protocol import process_traits, receive, send_with_streams
+        from flows.starter_protocol import process_traits, receive, send, send_with_streams
         request = {{"executable": sys.executable, "project": {str(REPO)!r},
                    "module": "engine_standin", "argv": ["x"], "path": sys.path, "env": {{}},
                    "cwd": {str(tmp_path)!r}, "ignored": [], "blocked": [],
                    "traits": process_traits(), **json.loads(sys.argv[1])}}
+        gives_up = sys.argv[2]
         replies = []
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect({str(starter.socket)!r})
             send_with_streams(sock, request)
-            while (reply := receive(sock)) is not None:
+            while gives_up != "at once" and (reply := receive(sock)) is not None:
                 replies.append(reply)
+                if "pid" in reply and gives_up == "at the pid":
+                    break
+                if "pid" in reply:
+                    send(sock, {{"go": True}})
         print(json.dumps(replies), flush=True)
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", client, json.dumps(request)],
+        [sys.executable, "-c", client, json.dumps(request), gives_up],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": _pythonpath(starter.root)},
         capture_output=True,
@@ -436,6 +447,26 @@ def test_a_flow_run_that_cannot_be_set_up_exits_1_and_says_why(
     replies, err = _ask(starter, {"cwd": str(gone)}, tmp_path)
     assert "pid" in replies[0] and replies[1:] == [{"exit": 1}]
     assert f"FileNotFoundError: [Errno 2] No such file or directory: '{gone}'" in err
+
+
+@pytest.mark.parametrize("gives_up", ["at once", "at the pid"])
+def test_a_fork_its_command_gave_up_on_never_runs(
+    tmp_path: Path, starter: Starter, gives_up: str
+) -> None:
+    """A command whose wait for the starter ran out starts the engine itself; the fork the
+    starter made for it must not run too, or one flow run would run twice."""
+    marker = f"flow-starter-{uuid.uuid4().hex}"
+    report = tmp_path / "seen.json"
+    argv = ["x", marker, str(report), "exit"]
+    replies, _ = _ask(starter, {"argv": argv, "flow_run": marker}, tmp_path, gives_up)
+    pid_line = wait_for(
+        lambda: re.search(rf"flow run {marker} is pid (\d+)", starter.log), 30, "the fork"
+    )
+    pid = int(pid_line.group(1))
+    assert replies == ([] if gives_up == "at once" else [{"pid": pid}])
+    wait_for(lambda: f"pid {pid} ended unstarted" in starter.log, 30, "the fork to be ended")
+    wait_for(lambda: not psutil.pid_exists(pid), 30, "the fork to be gone")
+    assert not report.exists() and not _marked(marker)
 
 
 def test_a_changed_source_file_is_noticed(tmp_path: Path) -> None:

@@ -319,7 +319,7 @@ def _keep(
             os.close(fd)
         print(f"flow starter: flow run {request.get('flow_run', '?')} is pid {pid}", flush=True)
         if _command_says_go(conn, pid):
-            with contextlib.suppress(OSError):  # it failed already: its pidfd says so
+            with contextlib.suppress(OSError):  # killed while it waited: _watch sees it end
                 os.write(go_write, b"g")
             os.close(go_write)
             _watch(conn, pid)

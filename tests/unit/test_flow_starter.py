@@ -221,14 +221,15 @@ def test_a_signal_to_the_command_reaches_the_flow_run(
     try:
         seen_pid = _seen(report)["pid"]
         wait_for(lambda: len(_marked(marker)) == 1, 30, "the helper")
-        if signum == "group":  # the command's whole process group (its own session)
+        if isinstance(signum, str):  # "group": the command's whole process group
             os.killpg(command.pid, signal.SIGTERM)
-            signum = signal.SIGTERM
+            sent: int = signal.SIGTERM
         else:
             command.send_signal(signum)
+            sent = signum
         # The flow run ended by it (SIGINT: Python's KeyboardInterrupt, which ends the
         # interpreter by SIGINT), and the command with the same status, as a cold engine.
-        assert command.wait(timeout=30) == -signum
+        assert command.wait(timeout=30) == -sent
         assert not psutil.pid_exists(seen_pid)
         wait_for(lambda: not _marked(marker), 15, "the helper to end")
     finally:

@@ -51,6 +51,7 @@ from typing import Any
 
 from flows.starter_protocol import (
     FORWARDED_SIGNALS,
+    GO,
     PROJECT,
     STARTER_ENV,
     peer_uid,
@@ -166,7 +167,7 @@ def start_through_starter(path: Path, module: str, argv: list[str]) -> int | Non
             if reply and "pid" in reply:
                 pidfd = _pidfd(int(reply["pid"]))
                 try:
-                    send(sock, {"go": True})  # from here the flow run is the starter's
+                    send(sock, GO)  # from here the flow run is the starter's
                 except OSError:
                     if pidfd >= 0:
                         os.close(pidfd)

@@ -57,6 +57,7 @@ from typing import Any, NoReturn
 
 from flows.starter_protocol import (
     FORWARDED_SIGNALS,
+    GO,
     PROJECT,
     STREAMS,
     peer_uid,
@@ -347,7 +348,7 @@ def _command_says_go(conn: socket.socket, pid: int) -> bool:
     """Name the flow run to its command and wait for the command to take it."""
     try:
         send(conn, {"pid": pid})
-        return receive(conn) == {"go": True}
+        return receive(conn) == GO
     except (OSError, EOFError, ValueError):
         return False
 

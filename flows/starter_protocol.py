@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "FORWARDED_SIGNALS",
+    "GO",
     "PROJECT",
     "STARTER_ENV",
     "STREAMS",
@@ -44,6 +45,9 @@ __all__ = [
 # the engine itself.
 STARTER_ENV = "DET_TASKS_FLOW_STARTER"
 STREAMS = (0, 1, 2)
+# The command's answer once the starter names the fork: from then on the flow run is the
+# fork's, and the fork runs nothing before it.
+GO = {"go": True}
 # The checkout (or installation) both sides run from: the starter serves only its own.
 PROJECT = Path(__file__).resolve().parents[1]
 # What the command passes on to the flow run the starter forked: every signal a worker, a

@@ -33,6 +33,7 @@ from cluster.batch_data import shard_range
 from cluster.batch_shards import ShardRequest, run_shard
 from det_tasks.errors import ConfigError
 from flows.jobs import run_job_script
+from flows.log_delivery import logs_delivered
 from registry.experiments.packages import fetch_package
 from registry.jobs import parquet_dataset
 from registry.runs.tracking import client_for
@@ -146,44 +147,45 @@ def batch_inference(
 ) -> dict[str, Any]:
     """Predictions of ``model_uri`` over ``dataset`` in ``num_shards`` Parquet objects; or,
     with ``script`` (from ``det-tasks job run``), that script run inside ``package``."""
-    logger = get_run_logger()
-    settings = RegistrySettings.from_env()
-    if script:
-        if not package:
-            raise ValueError("script= needs package= (the model directory it lives in)")
-        return _run_script_job(package, script, config or {}, output, settings)
-    name = run_name or time.strftime("%Y-%m-%d")
-    safe_model = model_uri.replace("models:/", "").replace("/", "-").replace("@", "-at-")
-    output = output or f"s3://{settings.bucket or 'det-tasks'}/predictions/{safe_model}/{name}"
-    started = time.perf_counter()
-    requests = plan_shards(
-        _pinned(model_uri), dataset, num_shards, output, batch_size, columns, id_column
-    )
-    with _engine(max(1, min(workers, num_shards))) as engine:
-        token = _ENGINE.set(engine)
-        try:
-            futures = [predict_shard.submit(r) for r in requests]
-            results = [f.result() for f in futures]
-        finally:
-            _ENGINE.reset(token)
-    wall = time.perf_counter() - started
-    rows = sum(r["rows"] for r in results)
-    summary = {
-        "output": output,
-        "shards": num_shards,
-        "shards_skipped": sum(r["skipped"] for r in results),
-        "rows": rows,
-        "seconds": round(wall, 2),
-        "rows_per_second": round(rows / wall, 1) if wall else 0,
-        "peak_rss_mb": max((r.get("peak_rss_mb", 0.0) for r in results), default=0.0),
-        "shard_seconds": round(sum(r["seconds"] for r in results), 3),
-        "stream_seconds": round(sum(r.get("stream_seconds", 0.0) for r in results), 3),
-        "stream_cpu_seconds": round(sum(r.get("stream_cpu_seconds", 0.0) for r in results), 3),
-    }
-    if settings.tracking_uri:
-        _log_run(settings.tracking_uri, f"{safe_model}-{name}", model_uri, output, summary)
-    logger.info("batch inference: %s", summary)
-    return summary
+    with logs_delivered():  # every shard's line is on the server before Completed
+        logger = get_run_logger()
+        settings = RegistrySettings.from_env()
+        if script:
+            if not package:
+                raise ValueError("script= needs package= (the model directory it lives in)")
+            return _run_script_job(package, script, config or {}, output, settings)
+        name = run_name or time.strftime("%Y-%m-%d")
+        safe_model = model_uri.replace("models:/", "").replace("/", "-").replace("@", "-at-")
+        output = output or f"s3://{settings.bucket or 'det-tasks'}/predictions/{safe_model}/{name}"
+        started = time.perf_counter()
+        requests = plan_shards(
+            _pinned(model_uri), dataset, num_shards, output, batch_size, columns, id_column
+        )
+        with _engine(max(1, min(workers, num_shards))) as engine:
+            token = _ENGINE.set(engine)
+            try:
+                futures = [predict_shard.submit(r) for r in requests]
+                results = [f.result() for f in futures]
+            finally:
+                _ENGINE.reset(token)
+        wall = time.perf_counter() - started
+        rows = sum(r["rows"] for r in results)
+        summary = {
+            "output": output,
+            "shards": num_shards,
+            "shards_skipped": sum(r["skipped"] for r in results),
+            "rows": rows,
+            "seconds": round(wall, 2),
+            "rows_per_second": round(rows / wall, 1) if wall else 0,
+            "peak_rss_mb": max((r.get("peak_rss_mb", 0.0) for r in results), default=0.0),
+            "shard_seconds": round(sum(r["seconds"] for r in results), 3),
+            "stream_seconds": round(sum(r.get("stream_seconds", 0.0) for r in results), 3),
+            "stream_cpu_seconds": round(sum(r.get("stream_cpu_seconds", 0.0) for r in results), 3),
+        }
+        if settings.tracking_uri:
+            _log_run(settings.tracking_uri, f"{safe_model}-{name}", model_uri, output, summary)
+        logger.info("batch inference: %s", summary)
+        return summary
 
 
 def _log_run(

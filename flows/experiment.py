@@ -102,6 +102,7 @@ from flows.embedded import (
 )
 from flows.job_seat import queued_chains
 from flows.lifecycle import continue_lines
+from flows.log_delivery import logs_delivered
 from flows.quiet_shutdown import exit_without_final_collection, quiet_prefect_shutdown
 from registry.runs.experiment_setup import mlflow_link
 from registry.servers.settings import RegistrySettings
@@ -190,26 +191,29 @@ def experiment(
     """
     from registry.experiments.packages import fetch_package
 
-    logger = get_run_logger()
-    overrides = list(overrides or [])
-    if not package:
-        config_path = Path(config).resolve()
-        model_path = Path(model_dir).resolve() if model_dir else config_path.parent
-        return _run_experiment(
-            config_path, model_path, overrides, None, experiment_key, use_changed_code
-        )
-    model_path = fetch_package(package)
-    logger.info("model package %s unpacked into %s", package, model_path)
-    config_path = (model_path / config).resolve()
-    if config_yaml is not None:
-        config_path = model_path.parent / Path(config).name
-        config_path.write_text(config_yaml, encoding="utf-8")
-    try:
-        if not config_path.is_relative_to(model_path.parent.resolve()):
-            raise ConfigError(f"config {config!r} is outside the model package: give a path in it")
-        return _run_experiment(config_path, model_path, overrides, package, experiment_key)
-    finally:
-        shutil.rmtree(model_path.parent, ignore_errors=True)
+    with logs_delivered():  # the last task's line is on the server before Completed
+        logger = get_run_logger()
+        overrides = list(overrides or [])
+        if not package:
+            config_path = Path(config).resolve()
+            model_path = Path(model_dir).resolve() if model_dir else config_path.parent
+            return _run_experiment(
+                config_path, model_path, overrides, None, experiment_key, use_changed_code
+            )
+        model_path = fetch_package(package)
+        logger.info("model package %s unpacked into %s", package, model_path)
+        config_path = (model_path / config).resolve()
+        if config_yaml is not None:
+            config_path = model_path.parent / Path(config).name
+            config_path.write_text(config_yaml, encoding="utf-8")
+        try:
+            if not config_path.is_relative_to(model_path.parent.resolve()):
+                raise ConfigError(
+                    f"config {config!r} is outside the model package: give a path in it"
+                )
+            return _run_experiment(config_path, model_path, overrides, package, experiment_key)
+        finally:
+            shutil.rmtree(model_path.parent, ignore_errors=True)
 
 
 def _run_experiment(

@@ -145,6 +145,37 @@ def test_trials_are_linked_chains_of_named_tasks_on_warm_workers(stack, tmp_path
     assert view is not None and {t.trial_id: t.state for t in view.trials} == expected
 
 
+def test_a_flow_runs_log_is_whole_the_moment_it_says_completed(stack, monkeypatch):
+    """Prefect sends log lines to its API in batches; a script reading a flow run's log as
+    soon as the run says Completed gets every task's line, the last checkpoint's included.
+    The batch interval is a minute here, so only the flow's own delivery, never a batch
+    falling due, can have put those lines on the server (at the default 2 s this raced)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)  # the log worker now starts under the long interval
+    monkeypatch.setenv("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "60")
+    refresh_global_settings_context()
+    try:
+        _, flow_run_id = _run(
+            "killable.yaml",
+            ["name=whole-log", "hyperparameters.sleep_s=0", "searcher.max_length={batches: 20}"],
+        )
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}))
+    finally:
+        APILogWorker.drain_all(timeout=5)
+        monkeypatch.delenv("PREFECT_LOGGING_TO_API_BATCH_INTERVAL")
+        refresh_global_settings_context()
+    (trial,) = _trials("whole-log", flow_run_id)
+    lines = [log.message for log in logs]
+    run = f"(MLflow run {trial.info.run_id})"
+    assert any(run in line and "checkpoint at batch 20 " in line for line in lines), lines
+    assert any(line.startswith("summary: ") for line in lines), lines
+
+
 def test_a_step_for_a_batch_the_worker_does_not_hold_replays_exactly(stack):
     """validate @45 on a worker without the trial: restore the checkpoint at 30, replay
     15 batches, validate: the same metrics as the run's own validation at 45."""

@@ -125,6 +125,12 @@ class Placement:
         self.claimed.setdefault(worker, trial_id)
         self.offered.pop(trial_id, None)
 
+    def released(self, trial_id: int) -> None:
+        """The trial was released (it ended, or waits unheld): its worker no longer holds
+        it, so it neither draws the trial back there nor keeps this experiment's new
+        trials off that worker."""
+        self.home.pop(trial_id, None)
+
     def done(self, trial_id: int) -> None:
         """The trial's segment ended: its worker may take another trial."""
         self.claimed = {w: t for w, t in self.claimed.items() if t != trial_id}

@@ -260,6 +260,8 @@ class TrialChains:
             self.table.publish()
             raise
         self.placement.ran(stage.work.trial_id, result.worker)
+        if stage.release:  # the step ended the held trial on its worker
+            self.placement.released(stage.work.trial_id)
         if stage.kind == "train":
             self.giving_way.discard(stage.work.trial_id)
         if result.recycle_due:  # between steps: it holds nothing, nothing is placed on it
@@ -476,6 +478,7 @@ class TrialChains:
         CANCELED on request: KILLED)."""
         if not ref.holdable:
             return
+        self.placement.released(ref.spec.trial_id)
         request = dataclasses.replace(
             ref.request("release", result.position, result.position), stopped_as=stopped_as
         )

@@ -145,3 +145,22 @@ def test_a_trial_queued_behind_another_keeps_its_worker_claimed(two_workers: Any
     assert placement.claim(4) == [second]
     _LET_GO.set()
     client.gather(futures)
+
+
+def test_a_released_trials_worker_takes_the_next_trial_before_a_held_ones(
+    two_workers: Any,
+) -> None:
+    """Trial 1 ended and was released on one worker; trial 2 is still held on the other.
+    A new trial goes to the worker that holds nothing now, not onto trial 2's (which would
+    evict it)."""
+    from cluster.placement import Placement
+
+    client = two_workers
+    placement = Placement(client, "experiment-a")
+    held, freed = placement.workers()  # the order Placement itself lists them in
+    placement.ran(2, held)
+    placement.done(2)  # trial 2's segment ended; its worker still holds it
+    placement.ran(1, freed)
+    placement.done(1)
+    placement.released(1)  # trial 1's last checkpoint released it
+    assert placement.claim(3) == [freed]

@@ -476,9 +476,9 @@ class TrialChains:
         """Free the paused trial's worker (fire and forget; awaited at the end);
         ``stopped_as``: its run's det.state (STOPPED by the searcher: FINISHED; PAUSED or
         CANCELED on request: KILLED)."""
+        self.placement.released(ref.spec.trial_id)  # held or not, its worker holds none of it
         if not ref.holdable:
             return
-        self.placement.released(ref.spec.trial_id)
         request = dataclasses.replace(
             ref.request("release", result.position, result.position), stopped_as=stopped_as
         )

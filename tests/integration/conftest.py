@@ -75,9 +75,9 @@ def _flush_prefect_logs() -> None:
     """Send buffered flow logs while the server is still up (no shutdown noise after)."""
     if "prefect.logging.handlers" not in sys.modules:  # no flow ran in this process
         return
-    from prefect.logging.handlers import APILogWorker
+    from flows.log_delivery import deliver_logs
 
-    APILogWorker.drain_all(timeout=5)
+    deliver_logs()
 
 
 @pytest.fixture

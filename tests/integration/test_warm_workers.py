@@ -153,9 +153,10 @@ def test_a_flow_runs_log_is_whole_the_moment_it_says_completed(stack, monkeypatc
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter
     from prefect.context import refresh_global_settings_context
-    from prefect.logging.handlers import APILogWorker
 
-    APILogWorker.drain_all(timeout=5)  # the log worker now starts under the long interval
+    from flows.log_delivery import deliver_logs
+
+    deliver_logs()  # the log worker now starts under the long interval
     monkeypatch.setenv("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "60")
     refresh_global_settings_context()
     try:
@@ -166,7 +167,7 @@ def test_a_flow_runs_log_is_whole_the_moment_it_says_completed(stack, monkeypatc
         with get_client(sync_client=True) as client:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}))
     finally:
-        APILogWorker.drain_all(timeout=5)
+        deliver_logs()
         monkeypatch.delenv("PREFECT_LOGGING_TO_API_BATCH_INTERVAL")
         refresh_global_settings_context()
     (trial,) = _trials("whole-log", flow_run_id)

@@ -151,6 +151,10 @@ class StepResult:
     # A step that ended its trial (release_after): the trial's end after the work (its MLflow
     # run ended, metrics flushed, checkpoints collected, memory freed), in seconds.
     end_seconds: float | None = None
+    # A release step: it found its trial held here and ended the trial's run. False: the
+    # trial was not held (another trial's step evicted it first, ending its run PAUSED, or
+    # its worker was gone), so the flow records the trial's end itself.
+    released: bool = False
 
 
 def resume_candidates(
@@ -398,9 +402,17 @@ def _run_step(request: StepRequest) -> StepResult:
     spec = plugin.local_spec(request)
     if request.kind == "release":
         held = plugin.held
-        if held is not None and held.spec.key == spec.key and held.position == request.stop:
+        released = held is not None and held.spec.key == spec.key and held.position == request.stop
+        if released:
             plugin.release(_stopped(request))
-        return _result(worker, request.stop or 0, True, started, recycle_due=plugin.recycle_due)
+        return _result(
+            worker,
+            request.stop or 0,
+            True,
+            started,
+            recycle_due=plugin.recycle_due,
+            released=released,
+        )
     if request.kind == "segment":
         return _segment(worker, plugin, request, spec, started)
     try:

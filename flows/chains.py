@@ -107,6 +107,8 @@ class TrialChains:
         self.last: dict[int, Any] = {}  # trial -> its latest checkpoint task's future
         self.position: dict[int, int] = {}
         self.releases: list[StepFuture] = []
+        # trial -> its latest release and the state it ends in, while it is not started again
+        self.last_release: dict[int, tuple[StepFuture, str]] = {}
         self.best: dict[str, Any] | None = None
         self.stop: StopControl | None = None
         self.grace_s = stop_grace_s()
@@ -367,6 +369,7 @@ class TrialChains:
         # records need the trial's data loader).
         stop = work.batches
         workers = self.placement.claim(trial_id)
+        self.last_release.pop(trial_id, None)  # promoted, resumed: its release is spent
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
             task_run_name=ref.task_name("train", f"{start}-{self._label(stop)}"),
@@ -482,7 +485,36 @@ class TrialChains:
         request = dataclasses.replace(
             ref.request("release", result.position, result.position), stopped_as=stopped_as
         )
-        self.releases.append(release_on(result.worker, request))
+        future = release_on(result.worker, request)
+        self.releases.append(future)
+        if stopped_as is not None:
+            self.last_release[ref.spec.trial_id] = (future, stopped_as)
+
+    def settle_releases(self) -> int:
+        """End the runs of released trials their release did not find held, in the state
+        it asked for; returns how many. Another trial's step had evicted the trial between
+        its checkpoint and its release (Dask started both trials' steps on one worker),
+        which ends a run PAUSED: a trial ASHA stopped stayed PAUSED in MLflow (a CI run's
+        test_asha_stops_worse_trials_early). Called once no step runs any more, after the
+        sweep that releases what is still held."""
+        settled = 0
+        for trial_id, (future, state) in sorted(self.last_release.items()):
+            if not future.done() or _released(future):
+                continue
+            row = self.table.rows.get(trial_id)
+            if row is not None and row.state == PRUNED:
+                state = PRUNED
+            run_id = self.refs[trial_id].mlflow_run_id
+            self.runs.finish(run_id, "KILLED", state)  # the state's own status wins
+            get_run_logger().info(
+                "trial %d (MLflow run %s) was no longer held where its release went (another "
+                "trial's step had taken its worker): its run ends %s here",
+                trial_id,
+                run_id,
+                state,
+            )
+            settled += 1
+        return settled
 
     def _mark_pruned(self, ref: TrialRef) -> None:
         """det.state PRUNED on the trial's run once its release has ended it (FINISHED):
@@ -570,6 +602,15 @@ def _end_cancelled(future: Any, result: StepResult) -> None:
             client.set_task_run_state(future.task_run_id, Cancelled(message=message), force=True)
     except Exception as err:  # only what the UI shows is at stake
         get_run_logger().debug("could not mark the stopped task Cancelled: %s", err)
+
+
+def _released(future: StepFuture) -> bool:
+    """Whether a finished release step ended its trial (an erred one, its worker gone with
+    the trial, did not)."""
+    try:
+        return bool(future.result().released)
+    except Exception:
+        return False
 
 
 def _as_future(prefect_future: Any) -> Future[Any]:

@@ -316,6 +316,7 @@ def _train(
         # and it overtook a release still queued (a trial ASHA stopped ended COMPLETED).
         trials.wait_releases()
         released = release_everywhere(client, run_key, stop.state)
+        trials.settle_releases()  # a release that found its trial evicted
     return best, released, stop
 
 

@@ -159,6 +159,49 @@ def test_asha_stops_worse_trials_early(stack):
         assert history and sorted(m.step for m in history) == list(range(len(history)))
 
 
+def test_a_trial_evicted_before_its_release_still_ends_as_the_searcher_stopped_it(
+    stack, monkeypatch
+):
+    """Dask may start two trials' steps on one worker: the second evicts the first between
+    its checkpoint and its release, which ends the first's run PAUSED, and the release then
+    finds nothing to end (a CI run: a trial ASHA stopped stayed PAUSED in MLflow). Here
+    every release is preceded by that eviction, done by the worker's own plugin; each
+    trial's run must still end as the searcher ended it."""
+    from distributed import default_client
+
+    import flows.chains
+    from cluster.worker_calls import release_all
+    from flows.experiment import experiment
+
+    real_release_on = flows.chains.release_on
+    evicted = []
+
+    def evicted_first(worker, request):
+        answers = default_client().run(
+            release_all, request.trial.experiment_run_key, None, workers=[worker]
+        )
+        evicted.append(sum(answers.values()))
+        return real_release_on(worker, request)
+
+    monkeypatch.setattr(flows.chains, "release_on", evicted_first)
+    name = "flow-asha-evicted"
+    experiment(str(FLOW_MODEL / "asha.yaml"), [f"name={name}"])
+    _, trials = parent_and_trials(name, _last_run_key(name))
+    client = mlflow()
+    trained = {
+        t.data.tags["det.trial_id"]: max(
+            m.step for m in client.get_metric_history(t.info.run_id, "training/loss")
+        )
+        for t in trials
+    }
+    assert sorted(trained.values()) == [16, 16, 16, 16, 32, 32, 64, 64]
+    stopped = [t for t, b in trained.items() if b < 64]
+    assert sum(evicted) >= len(stopped) == 6  # the eviction came first, every time
+    states = {t.data.tags["det.trial_id"]: t.data.tags["det.state"] for t in trials}
+    assert states == {t: "COMPLETED" if b == 64 else "STOPPED" for t, b in trained.items()}
+    assert {t.info.status for t in trials} == {"FINISHED"}
+
+
 def _last_run_key(experiment_name: str) -> str:
     client = mlflow()
     exp = client.get_experiment_by_name(experiment_name)

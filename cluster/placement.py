@@ -9,10 +9,14 @@ and both chose the same worker while the other stood idle). Until the scheduler 
 of them a trial's step went to, that trial counts as claiming them all: no other trial of
 the experiment is pinned to one of them alone (a CI run's test_shared_stack: a new trial
 pinned to the worker an earlier one was still training on, and the two evicted each other
-at every step)."""
+at every step). A trial placed while another of the experiment's offered trials has no
+worker yet waits a moment for the scheduler to place that one first: offered the same
+workers, both were started on one of them by Dask, which judges by its estimates of what
+each worker has queued, and evicted each other while the other worker stood idle."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from distributed import Client
@@ -21,7 +25,13 @@ from cluster.pools import DEFAULT_POOL, worker_pool
 from cluster.steps import trials_running
 from cluster.worker_calls import holds_foreign_trial
 
-__all__ = ["Placement"]
+__all__ = ["PLACED_WAIT_S", "Placement"]
+
+# How long a trial's placement waits for the step of another trial offered the same
+# workers to reach one (the other trial's Prefect task starting and submitting it: tens of
+# milliseconds idle); past it, the trial is offered the free workers as before.
+PLACED_WAIT_S = 1.0
+PLACED_POLL_S = 0.02
 
 
 class Placement:
@@ -68,7 +78,8 @@ class Placement:
         none holds a trial of this experiment (which of them is busy with another
         experiment's step just submitted, only the scheduler knows), or where a trial not
         yet placed may take the one this flow would choose."""
-        self._settle_offered()
+        if self._settle_offered() - {trial_id}:
+            self._await_placed(trial_id)
         workers = self.workers()
         contended = {w for t, ws in self.offered.items() if t != trial_id for w in ws}
         home = self.home.get(trial_id)
@@ -94,19 +105,33 @@ class Placement:
         self.claimed[choice[0]] = trial_id
         return choice
 
-    def _settle_offered(self) -> None:
+    def _settle_offered(self) -> set[int]:
         """Claim, for each trial offered several workers, the one running its step (the
         scheduler's choice); one placed where another trial is claimed stays offered until
-        that trial is done."""
+        that trial is done. Returns the offered trials whose step is on no worker yet."""
         if not self.offered:
-            return
+            return set()
         try:
             running = trials_running(self.client, self.experiment_key, list(self.offered))
         except Exception:  # the scheduler away: they stay offered (none pinned onto them)
-            return
+            return set()
         for trial_id, (worker, *_) in running.items():
             if self.claimed.setdefault(worker, trial_id) == trial_id:
                 del self.offered[trial_id]
+        return set(self.offered) - set(running)
+
+    def _await_placed(self, trial_id: int) -> None:
+        """Wait, at most PLACED_WAIT_S, until the steps of this experiment's other offered
+        trials are on workers, so that this trial is placed knowing where they went. Two
+        trials offered the same workers at once were both started on one of them by Dask
+        (the other looked busier, with a release step queued on it) and evicted each other
+        at every step while that worker stood idle (a CI run's test_asha_stops_worse_
+        trials_early)."""
+        deadline = time.monotonic() + PLACED_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(PLACED_POLL_S)
+            if not self._settle_offered() - {trial_id}:
+                return
 
     def _held_by_other_experiments(self) -> set[str]:
         """Workers holding another experiment's active trial (a shared cluster): pinning a

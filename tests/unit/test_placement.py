@@ -164,3 +164,35 @@ def test_a_released_trials_worker_takes_the_next_trial_before_a_held_ones(
     placement.done(1)
     placement.released(1)  # trial 1's last checkpoint released it
     assert placement.claim(3) == [freed]
+
+
+def test_a_trial_placed_beside_another_offered_one_waits_to_see_where_that_one_went(
+    two_workers: Any,
+) -> None:
+    """Trials 1 and 2 start together. Trial 1 is offered both workers and its step reaches
+    the scheduler a moment later (its Prefect task starting). Trial 2 waits for that, then
+    takes the other worker: offered both as well, Dask started both on one worker in a CI
+    run, and the two evicted each other at every step while the other worker stood idle."""
+    from cluster.placement import PLACED_WAIT_S, Placement
+    from cluster.steps import _submit
+
+    client = two_workers
+    placement = Placement(client, "experiment-a")
+    workers = sorted(client.scheduler_info()["workers"])
+    offer = placement.claim(1)
+    assert sorted(offer or []) == workers
+    submitted: list[Any] = []
+    timer = threading.Timer(
+        PLACED_WAIT_S / 5,
+        lambda: submitted.append(_submit(client, _request("experiment-a", 1), offer, 0)),
+    )
+    timer.start()
+    try:
+        second = placement.claim(2)
+        wait_for(lambda: len(placement_of(client)) == 1, 10, "trial 1's step on a worker")
+        (went_to,) = placement_of(client).values()
+        assert second == [w for w in workers if w != went_to]
+    finally:
+        timer.join()
+        _LET_GO.set()
+        client.gather(submitted)

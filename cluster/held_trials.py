@@ -401,18 +401,7 @@ def _run_step(request: StepRequest) -> StepResult:
     started = time.perf_counter()
     spec = plugin.local_spec(request)
     if request.kind == "release":
-        held = plugin.held
-        released = held is not None and held.spec.key == spec.key and held.position == request.stop
-        if released:
-            plugin.release(_stopped(request))
-        return _result(
-            worker,
-            request.stop or 0,
-            True,
-            started,
-            recycle_due=plugin.recycle_due,
-            released=released,
-        )
+        return _release(worker, plugin, request, spec, started)
     if request.kind == "segment":
         return _segment(worker, plugin, request, spec, started)
     try:
@@ -463,6 +452,20 @@ def _run_step(request: StepRequest) -> StepResult:
             end_seconds=round(time.perf_counter() - ending, 4),
         )
     return result
+
+
+def _release(
+    worker: Worker, plugin: HeldTrialPlugin, request: StepRequest, spec: TrialSpec, started: float
+) -> StepResult:
+    """End the trial if this worker still holds it where its last step left it; the result
+    says whether it did (an evicted trial's run is the flow's to end)."""
+    held = plugin.held
+    released = held is not None and held.spec.key == spec.key and held.position == request.stop
+    if released:
+        plugin.release(_stopped(request))
+    return _result(
+        worker, request.stop or 0, True, started, recycle_due=plugin.recycle_due, released=released
+    )
 
 
 # How long a step waits for the plugin on a worker that joined without it: a worker

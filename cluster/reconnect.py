@@ -6,7 +6,9 @@ death-record plugins, the job queue), and its workers, started again by their su
 (``infra.supervise``), have none of it. The client reconnects on its own (distributed
 retries for the client's ``timeout``); the first step that finds its future cancelled by
 the lost connection calls ``reinstall_after_reconnect`` before it is run again, so every
-worker has the plugins before any step reaches it. A scheduler away longer than
+worker has the plugins before any step reaches it; a step submitted over a newer connection
+than the one the plugins were installed over (``plugins_stale``: the scheduler was lost
+while no step was in flight) does the same first. A scheduler away longer than
 SCHEDULER_AWAY_S ends the experiment with a line that says so; it can be continued.
 """
 
@@ -28,6 +30,7 @@ __all__ = [
     "SCHEDULER_AWAY_S",
     "SchedulerLost",
     "outliving_scheduler_restarts",
+    "plugins_stale",
     "register_plugins",
     "reinstall_after_reconnect",
 ]
@@ -48,6 +51,11 @@ CLIENT_SEND_INTERVAL_S = 0.001
 _REINSTALLING = threading.Lock()
 
 
+# Set on a client by register_plugins and reinstall_after_reconnect: the scheduler connection
+# over which the plugins were installed or found (a reconnected client has a new one).
+_INSTALLED_OVER = "_det_tasks_plugins_installed_over"
+
+
 class SchedulerLost(RuntimeError):
     """The flow's scheduler did not come back within SCHEDULER_AWAY_S."""
 
@@ -63,6 +71,19 @@ def register_plugins(client: Client) -> None:
         register_job_queue(client)
     except Exception as err:  # a scheduler without this package: the flow says it does without
         _logger.debug("job queue: not installed on the scheduler (%s)", err)
+    setattr(client, _INSTALLED_OVER, client.scheduler_comm)
+
+
+def plugins_stale(client: Client) -> bool:
+    """Whether ``client`` installed the plugins over an earlier connection than its current
+    one: its scheduler may have restarted since, with none of them, and its workers too.
+    A reconnection cancels the steps in flight, and the first of them installs the plugins
+    again; but a scheduler lost while no step was in flight (the flow between a trial's
+    train and validate, held up by MLflow being away) cancelled none, and the next steps
+    waited on their workers for a plugin nobody installed (a CI run's test_chaos: the
+    experiment ended ERROR). False for a client that never installed them."""
+    installed_over = getattr(client, _INSTALLED_OVER, None)
+    return installed_over is not None and installed_over is not client.scheduler_comm
 
 
 def send_promptly(client: Client) -> None:
@@ -113,6 +134,7 @@ def reinstall_after_reconnect(client: Client, address: str) -> None:
             register_plugins(client)
         else:
             send_promptly(client)
+            setattr(client, _INSTALLED_OVER, client.scheduler_comm)
 
 
 def _has_held_trials(dask_scheduler: Scheduler) -> bool:

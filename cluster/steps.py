@@ -19,7 +19,7 @@ from typing import Any
 from distributed import Client, Future, KilledWorker, Scheduler, default_client, wait
 
 from cluster.held_trials import StepRequest, StepResult, exit_soon, run_step
-from cluster.reconnect import SCHEDULER_AWAY_S, reinstall_after_reconnect
+from cluster.reconnect import SCHEDULER_AWAY_S, plugins_stale, reinstall_after_reconnect
 from cluster.stop_requests import stop_requested
 from cluster.worker_calls import preempt_trial, release_all, request_stop
 from cluster.worker_deaths import explain_death
@@ -79,6 +79,8 @@ def submit_step(
     given SCHEDULER_AWAY_S to get them back). A step cancelled because the scheduler was
     lost is run again once the client has reconnected and the plugins are back."""
     client = default_client()
+    if plugins_stale(client):  # reconnected since: the scheduler was lost between steps
+        reinstall_after_reconnect(client, _address(client))
     future = _submit(client, request, workers, gpus)
     done = _done_event(future)
     stranding = _Stranding()

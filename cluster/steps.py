@@ -78,9 +78,7 @@ def submit_step(
     with StepStranded instead of hanging the experiment (a cluster with no worker at all is
     given SCHEDULER_AWAY_S to get them back). A step cancelled because the scheduler was
     lost is run again once the client has reconnected and the plugins are back."""
-    client = default_client()
-    if plugins_stale(client):  # reconnected since: the scheduler was lost between steps
-        reinstall_after_reconnect(client, _address(client))
+    client = _client_with_plugins()
     future = _submit(client, request, workers, gpus)
     done = _done_event(future)
     stranding = _Stranding()
@@ -126,6 +124,16 @@ def submit_step(
         # future until the next garbage collection) is "lost" when its worker is recycled,
         # and Dask would recompute the step outside the flow, rebuilding a finished trial.
         future.release()
+
+
+def _client_with_plugins() -> Client:
+    """The default client, with the plugins installed again first if it reconnected since
+    it installed them (``plugins_stale``: its scheduler was lost while no step was in
+    flight, so no cancelled step installed them)."""
+    client = default_client()
+    if plugins_stale(client):
+        reinstall_after_reconnect(client, _address(client))
+    return client
 
 
 class _Stranding:

@@ -30,12 +30,9 @@ from cluster.job_slots import JobSlots
 from cluster.placement import Placement
 from cluster.recycling import Recycler
 from cluster.steps import (
-    StepFuture,
     kill_worker_process,
     preempt_on,
-    release_on,
     stop_everywhere,
-    wait_for_releases,
     workers_running,
 )
 from det_tasks.config import ExperimentConfig
@@ -45,6 +42,7 @@ from det_tasks.searchers.base import Searcher, Work
 from flows.searcher_reports import better, persist, searcher_metric
 from flows.stopping import STOP_GRACE_ENV, StopControl, stop_grace_s
 from flows.tasks import TrialRef, checkpoint, train, validate
+from flows.trial_releases import TrialReleases
 from flows.trial_table import PRUNED, TrialTable
 from registry.checkpoints.models import trial_runs
 from registry.checkpoints.store import checkpoint_records
@@ -106,9 +104,7 @@ class TrialChains:
         self.refs: dict[int, TrialRef] = {}
         self.last: dict[int, Any] = {}  # trial -> its latest checkpoint task's future
         self.position: dict[int, int] = {}
-        self.releases: list[StepFuture] = []
-        # trial -> its latest release and the state it ends in, while it is not started again
-        self.last_release: dict[int, tuple[StepFuture, str]] = {}
+        self.releases = TrialReleases(runs)
         self.best: dict[str, Any] | None = None
         self.stop: StopControl | None = None
         self.grace_s = stop_grace_s()
@@ -355,8 +351,7 @@ class TrialChains:
         self.table.publish_soon()
 
     def wait_releases(self, timeout_s: float = 120.0) -> None:
-        if self.releases:
-            wait_for_releases(self.releases, timeout_s)
+        self.releases.wait(timeout_s)
 
     # ---- steps --------------------------------------------------------------------------
     def _start(self, work: Work) -> _Stage:
@@ -369,7 +364,7 @@ class TrialChains:
         # records need the trial's data loader).
         stop = work.batches
         workers = self.placement.claim(trial_id)
-        self.last_release.pop(trial_id, None)  # promoted, resumed: its release is spent
+        self.releases.restarted(trial_id)
         self.table.set_state(trial_id, "RUNNING")
         future = train.with_options(
             task_run_name=ref.task_name("train", f"{start}-{self._label(stop)}"),
@@ -480,41 +475,16 @@ class TrialChains:
         ``stopped_as``: its run's det.state (STOPPED by the searcher: FINISHED; PAUSED or
         CANCELED on request: KILLED)."""
         self.placement.released(ref.spec.trial_id)  # held or not, its worker holds none of it
-        if not ref.holdable:
-            return
-        request = dataclasses.replace(
-            ref.request("release", result.position, result.position), stopped_as=stopped_as
-        )
-        future = release_on(result.worker, request)
-        self.releases.append(future)
-        if stopped_as is not None:
-            self.last_release[ref.spec.trial_id] = (future, stopped_as)
+        if ref.holdable:
+            self.releases.submit(ref, result, stopped_as)
 
-    def settle_releases(self) -> int:
-        """End the runs of released trials their release did not find held, in the state
-        it asked for; returns how many. Another trial's step had evicted the trial between
-        its checkpoint and its release (Dask started both trials' steps on one worker),
-        which ends a run PAUSED: a trial ASHA stopped stayed PAUSED in MLflow (a CI run's
-        test_asha_stops_worse_trials_early). Called once no step runs any more, after the
-        sweep that releases what is still held."""
-        settled = 0
-        for trial_id, (future, state) in sorted(self.last_release.items()):
-            if not future.done() or _released(future):
-                continue
-            row = self.table.rows.get(trial_id)
-            if row is not None and row.state == PRUNED:
-                state = PRUNED
-            run_id = self.refs[trial_id].mlflow_run_id
-            self.runs.finish(run_id, "KILLED", state)  # the state's own status wins
-            get_run_logger().info(
-                "trial %d (MLflow run %s) was no longer held where its release went (another "
-                "trial's step had taken its worker): its run ends %s here",
-                trial_id,
-                run_id,
-                state,
-            )
-            settled += 1
-        return settled
+    def settle_releases(self) -> None:
+        """End the runs of released trials their release did not find held
+        (flows.trial_releases); once no step runs any more, after the sweep that releases
+        what is still held."""
+        pruned = {t for t, row in self.table.rows.items() if row.state == PRUNED}
+        run_ids = {t: ref.mlflow_run_id for t, ref in self.refs.items()}
+        self.releases.settle(run_ids, pruned)
 
     def _mark_pruned(self, ref: TrialRef) -> None:
         """det.state PRUNED on the trial's run once its release has ended it (FINISHED):
@@ -523,9 +493,7 @@ class TrialChains:
         def tag(_: object = None) -> None:
             self.runs.client.set_tag(ref.mlflow_run_id, RUN_STATE_TAG, PRUNED)
 
-        if ref.holdable and self.releases:
-            self.releases[-1].add_done_callback(tag)
-        else:
+        if not (ref.holdable and self.releases.after_last(tag)):
             tag()
 
     def _settle_pruned(self, searcher: Searcher) -> None:
@@ -602,15 +570,6 @@ def _end_cancelled(future: Any, result: StepResult) -> None:
             client.set_task_run_state(future.task_run_id, Cancelled(message=message), force=True)
     except Exception as err:  # only what the UI shows is at stake
         get_run_logger().debug("could not mark the stopped task Cancelled: %s", err)
-
-
-def _released(future: StepFuture) -> bool:
-    """Whether a finished release step ended its trial (an erred one, its worker gone with
-    the trial, did not)."""
-    try:
-        return bool(future.result().released)
-    except Exception:
-        return False
 
 
 def _as_future(prefect_future: Any) -> Future[Any]:

@@ -169,11 +169,11 @@ def test_a_trial_evicted_before_its_release_still_ends_as_the_searcher_stopped_i
     trial's run must still end as the searcher ended it."""
     from distributed import default_client
 
-    import flows.chains
+    import flows.trial_releases
     from cluster.worker_calls import release_all
     from flows.experiment import experiment
 
-    real_release_on = flows.chains.release_on
+    real_release_on = flows.trial_releases.release_on
     evicted = []
 
     def evicted_first(worker, request):
@@ -183,7 +183,7 @@ def test_a_trial_evicted_before_its_release_still_ends_as_the_searcher_stopped_i
         evicted.append(sum(answers.values()))
         return real_release_on(worker, request)
 
-    monkeypatch.setattr(flows.chains, "release_on", evicted_first)
+    monkeypatch.setattr(flows.trial_releases, "release_on", evicted_first)
     name = "flow-asha-evicted"
     experiment(str(FLOW_MODEL / "asha.yaml"), [f"name={name}"])
     _, trials = parent_and_trials(name, _last_run_key(name))
